@@ -1,0 +1,1 @@
+# Makes conf/ importable as imgcls.conf for Hydra (the package links to it).

@@ -1,0 +1,1 @@
+"""Lightning callbacks of imgcls: the run report and the checkpoint policy."""

@@ -1,0 +1,181 @@
+"""RUN_DIR/report.json with NVIDIA's metric names, per epoch and for the run.
+
+NVIDIA's DLLogger report names (IC/logger.py): train.loss, train.total_ips, train.compute_ips,
+train.data_time, train.compute_time, train.lr, val.loss, val.top1, val.top5, val.total_ips,
+val.compute_ips. Percentages stay 0-100. The same values go to every Lightning logger.
+The report's rows travel in the checkpoint (callback state), so a resumed run continues the report
+consistently with the weights it resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+# How each metric is summarized over the run (NVIDIA's meters, with MinMeter really a min).
+RUN_SUMMARY = {"loss": min, "top1": max, "top5": max}
+
+
+class _Timer:
+    """Per-phase data-wait and compute time of every batch (device synchronized on CUDA)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.samples = 0
+        self.data_time = 0.0
+        self.compute_time = 0.0
+        self.batches = 0
+        self.started = time.perf_counter()
+        self.last_end = self.started
+        self.batch_start = self.started
+
+    def batch_started(self) -> None:
+        now = time.perf_counter()
+        self.data_time += now - self.last_end
+        self.batch_start = now
+
+    def batch_ended(self, samples: int, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        self.compute_time += now - self.batch_start
+        self.last_end = now
+        self.samples += samples
+        self.batches += 1
+
+    def summary(self, prefix: str, world_size: int) -> dict[str, float]:
+        wall = max(self.last_end - self.started, 1e-9)
+        out = {
+            f"{prefix}.total_ips": world_size * self.samples / wall,
+            f"{prefix}.compute_ips": world_size * self.samples / max(self.compute_time, 1e-9),
+        }
+        if prefix == "train":
+            out["train.data_time"] = self.data_time / max(self.batches, 1)
+            out["train.compute_time"] = self.compute_time / max(self.batches, 1)
+        return out
+
+
+class ReportCallback(L.Callback):
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / "report.json"
+        self.rows: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+        self.train = _Timer()
+        self.val = _Timer()
+        self._loss_sum = 0.0
+        self._loss_count = 0
+        self._epoch_written = -1
+
+    # --- training -------------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.train.reset()
+        self._loss_sum, self._loss_count = 0.0, 0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.train.batch_started()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.train.batch_ended(len(batch[1]), pl_module.device)
+        if isinstance(outputs, dict) and "loss_value" in outputs:
+            self._loss_sum += float(outputs["loss_value"])
+            self._loss_count += 1
+
+    # --- validation -----------------------------------------------------------------------------
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.val.reset()
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:  # noqa: E501
+        self.val.batch_started()
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # noqa: E501
+        self.val.batch_ended(len(batch[1]), pl_module.device)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Runs before ModelCheckpoint's hook (Lightning orders checkpoint callbacks last), so the
+        # checkpoint saved for this epoch already carries this epoch's row.
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._finish_epoch(trainer, pl_module, with_val=True)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._epoch_written != trainer.current_epoch:  # an epoch without validation
+            self._finish_epoch(trainer, pl_module, with_val=False)
+
+    # --- the report -----------------------------------------------------------------------------
+    def _finish_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, with_val: bool) -> None:
+        epoch = trainer.current_epoch
+        loss = torch.tensor([self._loss_sum, float(self._loss_count)], device=pl_module.device)
+        loss = trainer.strategy.reduce(loss, reduce_op="sum")
+        row: dict[str, Any] = {"epoch": epoch, "step": trainer.global_step}
+        if loss[1] > 0:
+            row["train.loss"] = float(loss[0] / loss[1])
+        row.update(self.train.summary("train", trainer.world_size))
+        row["train.lr"] = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else None
+        if with_val:
+            for key, value in trainer.callback_metrics.items():
+                if key.startswith(("val.", "val_ema.")):
+                    row[key] = float(value)
+            row.update(self.val.summary("val", trainer.world_size))
+        self.rows = [r for r in self.rows if r["epoch"] < epoch] + [row]
+        self._epoch_written = epoch
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                timing = {k: v for k, v in row.items() if k.endswith(("_ips", "_time"))}
+                logger.log_metrics(timing, step=trainer.global_step)
+            self.write()
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        keys = {k for row in self.rows for k in row if "." in k}
+        for key in sorted(keys):
+            values = [row[key] for row in self.rows if row.get(key) is not None]
+            if not values:
+                continue
+            how = RUN_SUMMARY.get(key.rsplit(".", 1)[1])
+            if how is not None:
+                out[key] = how(values)
+            elif key.endswith("lr"):
+                out[key] = values[-1]
+            else:
+                out[key] = sum(values) / len(values)
+        return out
+
+    def write(self) -> None:
+        document = {"epochs": self.rows, "run": self.summary(), **self.extra}
+        write_json_atomic(self.path, document)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "extra": self.extra}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rows = list(state_dict.get("rows", []))
+        self.extra = dict(state_dict.get("extra", {}))
+
+
+def write_json_atomic(path: Path, document: Any) -> None:
+    """Write then rename, so a reader (or a kill) never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)

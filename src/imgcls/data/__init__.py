@@ -1,0 +1,1 @@
+"""Data: ImageFolder discovery, transforms, samplers, backends and the LightningDataModule."""

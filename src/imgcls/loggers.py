@@ -1,0 +1,49 @@
+"""Lightning loggers from the `logger` config group, all writing under the run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+
+def build_loggers(cfg: Any, run_dir: str | Path) -> list[Logger]:
+    run_dir = Path(run_dir)
+    cfg = cfg or {}
+    loggers: list[Logger] = []
+    # A fixed version dir so that a resumed run appends to the same files instead of a new version.
+    if "csv" in cfg:
+        loggers.append(CSVLogger(save_dir=str(run_dir), name="", version="csv"))
+    if "tensorboard" in cfg:
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="", version="tensorboard"))
+    if "wandb" in cfg:
+        loggers.append(_wandb(cfg["wandb"], run_dir))
+    return loggers
+
+
+def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
+    """The W&B run id lives in the run dir, so a resumed run continues the same W&B run."""
+    id_file = run_dir / "wandb_id.txt"
+    if id_file.exists():
+        run_id = id_file.read_text().strip()
+    else:
+        import wandb
+
+        run_id = wandb.util.generate_id()
+        if rank_zero_only.rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id + "\n")
+    logger = WandbLogger(
+        project=cfg.get("project") or "imgcls",
+        entity=cfg.get("entity"),
+        name=cfg.get("name") or run_dir.name,
+        save_dir=str(run_dir),
+        offline=bool(cfg.get("offline")),
+        log_model=bool(cfg.get("log_model")),
+        tags=list(cfg.get("tags") or []),
+        id=run_id,
+        resume="allow",
+    )
+    return logger

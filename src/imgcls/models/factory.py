@@ -1,0 +1,61 @@
+"""Build a classifier network with timm (no hand-written architectures) and NVIDIA's init."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+from torch import nn
+
+from imgcls.errors import ConfigError
+from imgcls.models.weights import load_weights
+
+
+def build_network(cfg: Any, num_classes: int) -> nn.Module:
+    """timm.create_model(cfg.arch, pretrained=False) + NVIDIA init + optional weights file."""
+    if not timm.is_model(cfg.arch):
+        raise ConfigError(f"model.arch={cfg.arch} is not a timm architecture")
+    kwargs: dict[str, Any] = {"drop_rate": float(cfg.drop_rate)}
+    if cfg.drop_path_rate:
+        kwargs["drop_path_rate"] = float(cfg.drop_path_rate)
+    net = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
+    init_nvidia(net, conv_init=cfg.conv_init, zero_init_last_bn=bool(cfg.zero_init_last_bn))
+    set_batchnorm(net, momentum=cfg.get("bn_momentum"), eps=cfg.get("bn_eps"))
+    if cfg.get("weights"):
+        load_weights(net, cfg.weights, arch=cfg.arch)
+    return net
+
+
+def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bool = False) -> None:
+    """Kaiming-normal convs (NVIDIA IC/models/common.py LayerBuilder.conv), BN gamma 1 / beta 0.
+
+    Linear layers keep PyTorch's default init, as in NVIDIA's code. timm zero-inits the last BN of
+    each residual block by default; NVIDIA does not (--last_bn_0_init False), so it is opt-in here.
+    """
+    if conv_init not in ("fan_in", "fan_out"):
+        raise ConfigError(f"model.conv_init={conv_init} is not allowed; use fan_in or fan_out")
+    for module in net.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+    if zero_init_last_bn:
+        for module in net.modules():
+            if hasattr(module, "zero_init_last") and module is not net:
+                module.zero_init_last()
+
+
+def set_batchnorm(net: nn.Module, momentum: float | None, eps: float | None) -> None:
+    for module in net.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if momentum is not None:
+                module.momentum = float(momentum)
+            if eps is not None:
+                module.eps = float(eps)
+
+
+def count_parameters(net: nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters())

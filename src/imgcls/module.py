@@ -1,0 +1,161 @@
+"""The LightningModule: network, loss, mixup, EMA, metrics, optimizer and LR schedule.
+
+It never knows which data backend feeds it: batches are (float images NCHW, int64 labels).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import lightning as L
+import torch
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from timm.utils import ModelEmaV3
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from imgcls.models import build_network
+from imgcls.optim import build_optimizer, build_scheduler, parameter_groups
+from imgcls.plan import warmup_steps
+
+
+class ClassificationModule(L.LightningModule):
+    def __init__(
+        self,
+        model: dict[str, Any],
+        recipe: dict[str, Any],
+        plan: dict[str, Any],
+        classes: list[str],
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        # The checkpoint carries everything evaluation needs: model/recipe config, classes, plan and
+        # the whole resolved run config.
+        self.save_hyperparameters()
+        self.model_cfg = _ns(model)
+        self.recipe = _ns(recipe)
+        self.plan = plan
+        self.classes = list(classes)
+        num_classes = len(self.classes)
+        self.net = build_network(self.model_cfg, num_classes)
+        self.channels_last = bool(self.model_cfg.channels_last)
+        if self.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+
+        self.mixup = _build_mixup(self.recipe, num_classes)
+        smoothing = float(self.recipe.label_smoothing)
+        # With mixup the smoothing is folded into the soft targets by timm's Mixup.
+        self.train_criterion = (
+            SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=smoothing)
+        )
+        self.val_criterion = nn.CrossEntropyLoss()  # plain CE in eval, as NVIDIA reports val.loss
+
+        # timm's EMA (not Lightning's EMAWeightAveraging) so that validation can report raw and EMA
+        # weights side by side, as NVIDIA's val_ema.* does. Updated once per optimizer step.
+        ema_decay = self.recipe.ema_decay
+        self.ema = ModelEmaV3(self.net, decay=float(ema_decay)) if ema_decay else None
+
+        top5 = min(5, num_classes)
+        self.val_metrics = nn.ModuleDict()
+        for prefix in ("val", "val_ema") if self.ema else ("val",):
+            self.val_metrics[prefix] = nn.ModuleDict(
+                {
+                    "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                    "top5": MulticlassAccuracy(num_classes, top_k=top5, average="micro"),
+                    "loss": MeanMetric(),
+                }
+            )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.net(images)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        images, labels = batch
+        targets: torch.Tensor = labels
+        if self.mixup is not None:
+            images, targets = self.mixup(images, labels)
+        loss = self.train_criterion(self(images), targets)
+        self.log("train.loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(labels))
+        return {"loss": loss, "loss_value": loss.detach()}
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Lightning increments global_step only on real optimizer steps: update EMA then, not on
+        # every micro-batch (an NVIDIA quirk not copied).
+        if self.ema is not None and self.global_step != getattr(self, "_ema_step", -1):
+            self._ema_step = self.global_step
+            self.ema.update(self.net, step=self.global_step)
+        optimizer = self.trainer.optimizers[0]
+        self.log("train.lr", optimizer.param_groups[-1]["lr"], on_step=True, on_epoch=False)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        images, labels = batch
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        self._update_metrics("val", self.net(images), labels)
+        if self.ema is not None:
+            self._update_metrics("val_ema", self.ema.module(images), labels)
+
+    def _update_metrics(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        metrics = self.val_metrics[prefix]
+        metrics["top1"].update(logits, labels)
+        metrics["top5"].update(logits, labels)
+        metrics["loss"].update(self.val_criterion(logits.float(), labels), weight=len(labels))
+
+    def on_validation_epoch_end(self) -> None:
+        # Percentages (0-100) like NVIDIA; torchmetrics sums counts over ranks, so the result is the
+        # same for any number of processes as long as each sample is seen exactly once.
+        for name, metrics in self.val_metrics.items():
+            self.log(f"{name}.top1", metrics["top1"].compute() * 100, prog_bar=name == "val")
+            self.log(f"{name}.top5", metrics["top5"].compute() * 100)
+            self.log(f"{name}.loss", metrics["loss"].compute())
+            for metric in metrics.values():
+                metric.reset()
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        groups = parameter_groups(self.net, self.plan["weight_decay"], bool(self.recipe.norm_bias_weight_decay))
+        optimizer = build_optimizer(groups, self.recipe, self.plan["lr"])
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = warmup_steps(total, int(self.recipe.epochs), float(self.recipe.warmup_epochs))
+        scheduler = build_scheduler(optimizer, total, warmup, float(self.recipe.end_lr))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        # timm schedulers are stepped with the optimizer-step count (Lightning needs this override).
+        scheduler.step_update(num_updates=self.global_step)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["imgcls"] = {
+            "arch": self.model_cfg.arch,
+            "model": self.model_cfg.name,
+            "classes": self.classes,
+            "image_size": int(self.model_cfg.image_size),
+            "has_ema": self.ema is not None,
+        }
+
+
+class _ns(dict):
+    """Attribute access over a plain dict (hyperparameters stay plain, picklable dicts)."""
+
+    __getattr__ = dict.get
+
+    def __deepcopy__(self, memo: dict) -> _ns:
+        return _ns(copy.deepcopy(dict(self), memo))
+
+
+def _build_mixup(recipe: Any, num_classes: int) -> Mixup | None:
+    mixup, cutmix = float(recipe.mixup or 0), float(recipe.cutmix or 0)
+    if not (mixup or cutmix):
+        return None
+    # One lambda per batch, partner = the flipped batch (timm mode "batch"), smoothing on the targets.
+    return Mixup(
+        mixup_alpha=mixup,
+        cutmix_alpha=cutmix,
+        label_smoothing=float(recipe.label_smoothing),
+        num_classes=num_classes,
+        mode="batch",
+    )

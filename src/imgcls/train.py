@@ -1,0 +1,102 @@
+"""`imgcls.train.run(cfg)`: resolve the run, build data, model, callbacks and loggers, and fit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from imgcls.callbacks.checkpoint import checkpoint_callbacks, resolve_ckpt_path
+from imgcls.callbacks.report import ReportCallback
+from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.errors import CheckpointError
+from imgcls.loggers import build_loggers
+from imgcls.module import ClassificationModule
+from imgcls.plan import RunPlan, lookup_batch, make_plan
+from imgcls.precision import resolve_precision
+from imgcls.runtime import progress_bar, world_size_of
+
+log = logging.getLogger(__name__)
+
+
+def resolve_plan(cfg: DictConfig) -> RunPlan:
+    """Per-device and global batch (config, else the hardware table), accumulation, LR and WD."""
+    per_device, global_batch, row_wd = lookup_batch(
+        cfg.hardware.batch, str(cfg.model.batch_profile), cfg.precision.memory_class, cfg.hardware.name
+    )
+    per_device = per_device // int(cfg.model.get("batch_divisor") or 1)
+    if cfg.data.batch_size is not None:
+        per_device = int(cfg.data.batch_size)
+    if cfg.recipe.global_batch_size is not None:
+        global_batch = int(cfg.recipe.global_batch_size)
+    weight_decay = cfg.recipe.weight_decay
+    if weight_decay is None:
+        weight_decay = row_wd if row_wd is not None else cfg.model.weight_decay
+    return make_plan(
+        per_device_batch=per_device,
+        global_batch=global_batch,
+        world_size=world_size_of(cfg.trainer),
+        lr_per_256=float(cfg.recipe.lr_per_256),
+        weight_decay=float(weight_decay),
+    )
+
+
+def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], loggers: list[Any]) -> L.Trainer:
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    precision, plugins = resolve_precision(cfg.precision, str(trainer_args["accelerator"]))
+    if plan.world_size > 1:
+        # find_unused_parameters stays off: every parameter of a classifier gets a gradient.
+        trainer_args.setdefault("strategy", "ddp")
+    return L.Trainer(
+        **trainer_args,
+        precision=precision,
+        plugins=plugins,
+        accumulate_grad_batches=plan.accumulation,
+        # Our samplers shard (train) and shard without padding (val, exact metrics) themselves.
+        use_distributed_sampler=False,
+        deterministic=bool(cfg.deterministic) or None,
+        default_root_dir=cfg.run_dir,
+        callbacks=callbacks,
+        logger=loggers or False,
+        enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
+    )
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Train (or resume) one run; return the run summary of report.json."""
+    run_dir = Path(cfg.run_dir)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    plan = resolve_plan(cfg)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    if ckpt_path is not None and not Path(ckpt_path).is_file():
+        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
+
+    datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    module = ClassificationModule(
+        model=resolved["model"],
+        recipe=resolved["recipe"],
+        plan=plan.as_dict(),
+        classes=datamodule.classes,
+        run_config=resolved,
+    )
+    if cfg.get("compile"):
+        module.net = torch.compile(module.net)
+
+    report = ReportCallback(run_dir)
+    callbacks: list[L.Callback] = [report, *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir)]
+    bar = progress_bar(cfg.callbacks.get("progress_bar"))
+    if bar is not None:
+        callbacks.append(bar)
+    loggers = build_loggers(cfg.logger, run_dir)
+    trainer = build_trainer(cfg, plan, callbacks, loggers)
+    if trainer.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        log.info("run dir %s; plan %s", run_dir, plan.as_dict())
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    return report.summary()
