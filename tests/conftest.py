@@ -1,0 +1,95 @@
+"""Shared fixtures: Hydra composition of the real configs, small real JPEG folders, run helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+from PIL import Image
+
+import imgcls.cli  # noqa: F401 - registers the config resolvers
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+SHARED = ROOT.parent / "shared" / "datasets"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def compose_config(overrides: list[str], config_name: str = "train", run_dir: Path | None = None) -> DictConfig:
+    """The config `python train.py OVERRIDES` would run with (run_dir pinned instead of Hydra's)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    with open_dict(cfg):
+        cfg.run_dir = str(run_dir) if run_dir else "/nonexistent-run-dir"
+    return cfg
+
+
+def make_image_folder(
+    root: Path, classes: int = 3, train_per_class: int = 16, val_per_class: int = 6, size: tuple[int, int] = (48, 40)
+) -> Path:
+    """ROOT/{train,val}/class_k/*.jpg: real JPEG files whose colour depends on the class (learnable)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        for k in range(classes):
+            folder = root / split / f"class_{k}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                base = np.zeros((size[1], size[0], 3), np.uint8)
+                base[..., k % 3] = 200
+                noise = rng.integers(0, 55, base.shape, dtype=np.uint8)
+                Image.fromarray(base + noise).save(folder / f"{i:03d}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("images"))
+
+
+def tiny_overrides(data_root: Path, *extra: str) -> list[str]:
+    """A seconds-long CPU run: resnet18 at 32 px on the tiny folder, fp32, no progress bar."""
+    return [
+        "model=resnet18",
+        "hardware=cpu",
+        "precision=fp32",
+        "data=folder",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.batch_size=8",
+        "recipe.global_batch_size=8",
+        "recipe.epochs=2",
+        "recipe.warmup_epochs=1",
+        "model.image_size=32",
+        "callbacks.progress_bar=none",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
+def run_cli(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run train.py / evaluate.py as a user would, in a subprocess."""
+    full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_report(run_dir: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((run_dir / "report.json").read_text())
