@@ -95,6 +95,23 @@ def _evaluate(cfg: DictConfig) -> Any:
     return guarded(run, cfg)
 
 
+@hydra.main(version_base="1.3", config_path="conf", config_name="classify")
+def _classify(cfg: DictConfig) -> Any:
+    from imgcls.classify import run
+
+    result = guarded(run, cfg)
+    if result and result.get("failed"):
+        sys.exit(1)  # some images could not be read; they were reported by name, the others classified
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="export")
+def _export(cfg: DictConfig) -> Any:
+    from imgcls.export import run
+
+    return guarded(run, cfg)
+
+
 def train_main() -> None:
     check_group_choices(sys.argv[1:])
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
@@ -104,3 +121,15 @@ def train_main() -> None:
 def evaluate_main() -> None:
     check_group_choices(sys.argv[1:])
     _evaluate()
+
+
+def classify_main() -> None:
+    # `--json` as well as Hydra's json=true: the flag scripts expect.
+    sys.argv = [a if a != "--json" else "json=true" for a in sys.argv]
+    check_group_choices(sys.argv[1:])
+    _classify()
+
+
+def export_main() -> None:
+    check_group_choices(sys.argv[1:])
+    _export()

@@ -1,4 +1,9 @@
-"""`imgcls.evaluate.run(cfg)`: validate a checkpoint on the val split and write NVIDIA-named metrics."""
+"""`imgcls.evaluate.run(cfg)`: validate a checkpoint on the val split and write NVIDIA-named metrics.
+
+`ckpt=` may be an imgcls training checkpoint (it says which model, classes, preprocessing and precision
+to use), an imgcls weights export (same metadata), or a foreign state_dict given `model=NAME` (timm's or
+torchvision's keys). `mode=benchmark` runs the inference benchmark instead (imgcls.bench.inference).
+"""
 
 from __future__ import annotations
 
@@ -8,75 +13,165 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.report import ReportCallback, write_json_atomic
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.errors import CheckpointError
+from imgcls.errors import ConfigError, DataError
+from imgcls.models.weights import (
+    PREPROCESSING_KEYS,
+    TrainedModel,
+    is_training_checkpoint,
+    load_trained,
+    read_torch_file,
+)
 from imgcls.module import ClassificationModule
 from imgcls.precision import resolve_precision
 
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise CheckpointError(f"ckpt={path} does not exist")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise CheckpointError(f"ckpt={path} is not a readable checkpoint ({type(exc).__name__})") from None
-    if not isinstance(checkpoint, dict) or "imgcls" not in checkpoint or "hyper_parameters" not in checkpoint:
-        raise CheckpointError(f"ckpt={path} is not an imgcls training checkpoint")
-    return checkpoint
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    checkpoint = load_checkpoint(cfg.ckpt)
-    hparams = checkpoint["hyper_parameters"]
-    train_cfg = OmegaConf.create(hparams["run_config"])
-    overrides = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if v is not None}
-    data_cfg = OmegaConf.merge(train_cfg.data, overrides)
+def compose_train(overrides: list[str]) -> DictConfig:
+    """The train config for these overrides: its model, data and precision groups give the defaults of
+    what a weights-only file does not say. Works inside a running Hydra app and outside one (tests)."""
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="train", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
 
-    module = ClassificationModule(
-        model={**hparams["model"], "weights": None},
-        recipe=hparams["recipe"],
-        plan=hparams["plan"],
-        classes=hparams["classes"],
-        run_config=hparams["run_config"],
-    )
-    module.load_state_dict(checkpoint["state_dict"])
-    if cfg.get("use_ema"):
-        if module.ema is None:
-            raise CheckpointError(f"ckpt={cfg.ckpt} has no EMA weights (trained without recipe.ema_decay)")
-        module.net = module.ema.module
-        module.ema = None
 
-    batch_size = int(data_cfg.batch_size or hparams["plan"]["per_device_batch"])
+def required_ckpt(cfg: DictConfig, needed: bool = True) -> str | None:
+    if OmegaConf.is_missing(cfg, "ckpt") or cfg.get("ckpt") in (None, ""):
+        if needed:
+            raise ConfigError("ckpt=PATH is required (a checkpoint of train.py or a file of imgcls.export)")
+        return None
+    return str(cfg.ckpt)
+
+
+def precision_config(cfg: DictConfig, default: Any = None) -> Any:
+    """precision=NAME of the command line, else the checkpoint's, else fp32."""
+    if cfg.get("precision") is not None:
+        return cfg.precision
+    if default is not None:
+        return OmegaConf.create(default)
+    return OmegaConf.load(CONF_DIR / "precision" / "fp32.yaml")
+
+
+def model_config(cfg: DictConfig) -> dict[str, Any] | None:
+    """`model=NAME` of the command line, resolved (its channels_last follows the precision)."""
+    if cfg.get("model") is None:
+        return None
+    both = OmegaConf.create({"model": cfg.model, "precision": precision_config(cfg)})
+    return OmegaConf.to_container(both.model, resolve=True)
+
+
+def data_overrides(cfg: DictConfig) -> dict[str, Any]:
+    return {k: v for k, v in OmegaConf.to_container(cfg.data).items() if v is not None}
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    mode = cfg.get("mode", "evaluate")
+    if mode == "benchmark":
+        from imgcls.bench.inference import run as benchmark
+
+        return benchmark(cfg)
+    if mode != "evaluate":
+        raise ConfigError(f"mode={mode} is not allowed; use evaluate or benchmark")
+    ckpt = required_ckpt(cfg)
+    blob = read_torch_file(ckpt, "ckpt")
+    if is_training_checkpoint(blob):
+        trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_config(cfg), blob=blob)
+        train_cfg = OmegaConf.create(trained.run_config)
+        data_cfg = OmegaConf.merge(train_cfg.data, data_overrides(cfg))
+        precision = precision_config(cfg, train_cfg.precision)
+        # The val batch of training, so that the numbers are the ones training logged.
+        batch_size = int(data_cfg.batch_size or blob["hyper_parameters"]["plan"]["per_device_batch"])
+        recipe = dict(OmegaConf.to_container(train_cfg.recipe, resolve=True))
+    else:
+        trained, data_cfg, recipe = _weights_only(cfg, ckpt, blob)
+        precision = precision_config(cfg)
+        batch_size = int(data_cfg.batch_size or 64)
+
     datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
-    if datamodule.classes != module.classes:
-        raise CheckpointError(
+    if datamodule.classes != trained.classes:
+        raise DataError(
             f"data.root={data_cfg.root} has {len(datamodule.classes)} classes that differ from the "
-            f"checkpoint's {len(module.classes)}"
+            f"{len(trained.classes)} of ckpt={ckpt} (e.g. {datamodule.classes[:3]} vs {trained.classes[:3]})"
         )
-    precision_cfg = train_cfg.precision
-    if cfg.get("precision"):
-        precision_cfg = OmegaConf.load(Path(__file__).parent / "conf" / "precision" / f"{cfg.precision}.yaml")
-    precision, plugins = resolve_precision(precision_cfg, str(cfg.trainer.accelerator))
+    module = _module_for(trained, recipe)
+    precision_name, plugins = resolve_precision(precision, str(cfg.trainer.accelerator))
     report = ReportCallback(cfg.run_dir)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
-        precision=precision,
+        precision=precision_name,
         plugins=plugins,
         logger=False,
         callbacks=[report],
         use_distributed_sampler=False,
-        enable_progress_bar=True,
+        enable_progress_bar=bool(cfg.trainer.get("enable_progress_bar", True)),
+        enable_model_summary=False,
     )
     results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     metrics = {k: float(v) for k, v in results.items()}
     metrics.update(report.val.summary("val", trainer.world_size))
+    document = {
+        "ckpt": ckpt,
+        "model": trained.arch,
+        "weights": "ema" if trained.ema else "raw",
+        "precision": str(precision.name),
+        "data.root": str(data_cfg.root),
+        **metrics,
+    }
     output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "eval.json"
-    write_json_atomic(output, {"ckpt": str(cfg.ckpt), **metrics})
-    print(json.dumps(metrics, indent=2))
+    write_json_atomic(output, document)
+    print(json.dumps(document, indent=2))
     return metrics
+
+
+def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, DictConfig, dict[str, Any]]:
+    """A weights export (metadata inside) or a foreign state_dict (model=NAME): the data config comes
+    from the train config's folder dataset, with the file's own preprocessing when it has one."""
+    overrides = ["data=folder"]
+    if cfg.get("model") is not None:
+        overrides.append(f"model={cfg.model.name}")
+    if cfg.get("precision") is not None:
+        overrides.append(f"precision={cfg.precision.name}")
+    train_cfg = compose_train(overrides)
+    root = cfg.data.get("root")
+    if not root:
+        raise DataError(f"data.root=PATH is required to evaluate the weights-only file ckpt={ckpt}")
+    train_cfg.data.root = str(root)
+    data_cfg = OmegaConf.create(OmegaConf.to_container(train_cfg.data, resolve=True))
+    model_cfg = model_config(cfg)
+    if model_cfg is not None:
+        data_cfg.image_size = int(model_cfg["image_size"])
+    trained = load_trained(
+        ckpt,
+        bool(cfg.use_ema),
+        model_cfg=model_cfg,
+        classes=ClassificationDataModule(OmegaConf.merge(data_cfg, data_overrides(cfg)), batch_size=1).classes,
+        preprocessing={k: data_cfg[k] for k in PREPROCESSING_KEYS},
+        blob=blob,
+    )
+    data_cfg = OmegaConf.merge(data_cfg, trained.preprocessing, data_overrides(cfg))
+    recipe = OmegaConf.to_container(train_cfg.recipe, resolve=True)
+    return trained, data_cfg, recipe
+
+
+def _module_for(trained: TrainedModel, recipe: dict[str, Any]) -> ClassificationModule:
+    """The LightningModule gives validation_step and the torchmetrics of training, so the numbers are the
+    ones training logged; its network is the loaded one (raw or EMA), so no val_ema pass."""
+    module = ClassificationModule(
+        model={**trained.model_cfg, "weights": None},
+        recipe={**recipe, "ema_decay": None, "mixup": 0.0, "cutmix": 0.0},
+        plan={},
+        classes=trained.classes,
+    )
+    net = trained.net
+    if module.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    module.net = net
+    return module

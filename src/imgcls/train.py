@@ -68,6 +68,10 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) one run; return the run summary of report.json."""
+    if cfg.get("mode") == "benchmark":  # NVIDIA benchmark_training: timed iterations only
+        from imgcls.bench.training import run as benchmark_training  # it imports this module
+
+        return benchmark_training(cfg)
     run_dir = Path(cfg.run_dir)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     plan = resolve_plan(cfg)

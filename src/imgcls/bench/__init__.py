@@ -1,0 +1,1 @@
+"""Benchmarks: NVIDIA-style training and inference throughput / latency."""

@@ -1,0 +1,114 @@
+"""`python train.py mode=benchmark ...` (NVIDIA benchmark_training): training throughput, nothing else.
+
+The run's own model, precision, batch, data backend (real folders or `data=synthetic`) and Trainer, for
+benchmark.warmup + benchmark.iterations training iterations (micro-batches); only the iterations after
+the warm-up are timed. Reports NVIDIA's train.total_ips, train.compute_ips, train.data_time and
+train.compute_time to RUN_DIR/benchmark.json and stdout. No checkpoints, no validation, no loggers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from imgcls.callbacks.report import _Timer, write_json_atomic
+from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.errors import ConfigError
+from imgcls.module import ClassificationModule
+from imgcls.runtime import progress_bar
+
+log = logging.getLogger(__name__)
+
+
+class BenchmarkTimer(L.Callback):
+    """Times the iterations after `warmup` with the report's per-batch timer (data wait vs compute, device
+    synchronised on CUDA), and stops training after warmup + iterations."""
+
+    def __init__(self, warmup: int, iterations: int) -> None:
+        self.warmup = warmup
+        self.iterations = iterations
+        self.seen = 0
+        self.timer = _Timer()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.timer.reset()  # warmup=0: the first batch's data wait counts from here
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.seen >= self.warmup:
+            self.timer.batch_started()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.seen >= self.warmup:
+            self.timer.batch_ended(len(batch[1]), pl_module.device)
+        self.seen += 1
+        if self.seen == self.warmup:
+            if pl_module.device.type == "cuda":
+                torch.cuda.synchronize(pl_module.device)
+            self.timer.reset()  # the clock starts when the last warm-up iteration has finished
+        if self.seen >= self.warmup + self.iterations:
+            trainer.should_stop = True
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    from imgcls.train import build_trainer, resolve_plan  # imgcls.train dispatches here
+
+    bench = cfg.get("benchmark") or {}
+    warmup, iterations = int(bench.get("warmup", 10)), int(bench.get("iterations", 50))
+    if warmup < 0 or iterations < 1:
+        raise ConfigError(f"benchmark.warmup={warmup} / benchmark.iterations={iterations}: need >= 0 and >= 1")
+    run_dir = Path(cfg.run_dir)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    plan = resolve_plan(cfg)
+    datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    module = ClassificationModule(
+        model=resolved["model"], recipe=resolved["recipe"], plan=plan.as_dict(), classes=datamodule.classes
+    )
+    if cfg.get("compile"):
+        module.net = torch.compile(module.net)
+
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        # Enough optimizer steps for the iterations (the LR schedule needs a finite length); the timer
+        # callback stops at exactly warmup + iterations micro-batches, over epoch ends if the data is small.
+        cfg.trainer.max_steps = math.ceil((warmup + iterations) / plan.accumulation) + 1
+        cfg.trainer.max_epochs = -1
+        cfg.trainer.limit_train_batches = None
+        cfg.trainer.limit_val_batches = 0
+        cfg.trainer.num_sanity_val_steps = 0
+    timer = BenchmarkTimer(warmup, iterations)
+    callbacks: list[L.Callback] = [timer]
+    bar = progress_bar(cfg.callbacks.get("progress_bar"))
+    if bar is not None:
+        callbacks.append(bar)
+    trainer = build_trainer(cfg, plan, callbacks, [])
+    trainer.fit(module, datamodule=datamodule)
+    if timer.timer.batches < iterations:
+        raise ConfigError(f"the benchmark ran {timer.timer.batches} of {iterations} timed iterations")
+    metrics = timer.timer.summary("train", trainer.world_size)
+    document = {
+        "mode": "benchmark_training",
+        "model": cfg.model.arch,
+        "precision": cfg.precision.name,
+        "data.backend": cfg.data.backend,
+        "per_device_batch": plan.per_device_batch,
+        "world_size": plan.world_size,
+        "warmup": warmup,
+        "iterations": iterations,
+        **metrics,
+    }
+    if trainer.is_global_zero:
+        write_json_atomic(run_dir / "benchmark.json", document)
+        print(json.dumps(document, indent=2))
+    return metrics

@@ -1,0 +1,114 @@
+"""`python -m imgcls.export ckpt=PATH format=weights|onnx|torchscript [use_ema=true] [output=FILE]`.
+
+- weights: a plain state_dict plus metadata (arch, model config, classes, image size, preprocessing), what
+  `model.weights=`, `evaluate.py ckpt=` and `imgcls.classify` accept (NVIDIA's checkpoint2model, whose
+  --ema was ignored; here use_ema=true exports the EMA weights).
+- onnx: torch.onnx.export with a dynamic batch axis; the metadata rides in the model's metadata_props
+  (key "imgcls"), so `imgcls.classify backend=onnx` needs nothing else.
+- torchscript: torch.jit.trace, metadata in the archive's extra file "imgcls.json".
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from imgcls.errors import ConfigError
+from imgcls.evaluate import compose_train, model_config, required_ckpt
+from imgcls.models.weights import TrainedModel, load_trained, preprocessing_of
+
+FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts"}
+ONNX_OPSET = 18  # the TorchScript-based exporter's newest well-supported opset; onnxruntime runs it
+METADATA_KEY = "imgcls"
+
+
+def default_output(ckpt: str, fmt: str, ema: bool) -> Path:
+    path = Path(ckpt).expanduser()
+    return path.with_name(f"{path.stem}{'_ema' if ema else ''}{FORMATS[fmt]}")
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    ckpt = required_ckpt(cfg)
+    fmt = str(cfg.format)
+    if fmt not in FORMATS:
+        raise ConfigError(f"format={fmt} is not allowed; use {', '.join(FORMATS)}")
+    model_cfg = model_config(cfg)
+    preprocessing = preprocessing_of(compose_train([f"model={cfg.model.name}"]).data) if model_cfg else None
+    trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg, preprocessing=preprocessing)
+    output = Path(cfg.output).expanduser() if cfg.get("output") else default_output(ckpt, fmt, trained.ema)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # Exported files are plain NCHW fp32, whatever memory format training used.
+    trained.net = trained.net.float().to(memory_format=torch.contiguous_format).eval()
+    if fmt == "weights":
+        export_weights(trained, output)
+    elif fmt == "onnx":
+        export_onnx(trained, output, int(cfg.get("opset") or ONNX_OPSET))
+    else:
+        export_torchscript(trained, output)
+    summary = {
+        "output": str(output),
+        "format": fmt,
+        "arch": trained.arch,
+        "classes": len(trained.classes),
+        "weights": "ema" if trained.ema else "raw",
+    }
+    print(
+        f"imgcls: wrote {output} ({fmt}, {trained.arch}, {len(trained.classes)} classes, {summary['weights']} weights)"
+    )
+    return summary
+
+
+def export_weights(trained: TrainedModel, path: Path) -> None:
+    torch.save({**trained.metadata(), "state_dict": trained.net.state_dict()}, path)
+
+
+def _example(trained: TrainedModel, batch: int = 2) -> torch.Tensor:
+    size = int(trained.preprocessing["image_size"])
+    return torch.randn(batch, 3, size, size)
+
+
+def export_onnx(trained: TrainedModel, path: Path, opset: int = ONNX_OPSET) -> None:
+    import onnx
+
+    with warnings.catch_warnings():
+        # dynamo=False: the torch.export-based exporter needs the onnxscript package, which is not a
+        # dependency; the TorchScript-based one is deprecated but exports these CNNs exactly.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            trained.net,
+            (_example(trained),),
+            str(path),
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    model = onnx.load(str(path))
+    entry = model.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(_metadata(trained))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def export_torchscript(trained: TrainedModel, path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace is deprecated in favour of torch.export
+        traced = torch.jit.trace(trained.net, _example(trained))
+        torch.jit.save(traced, str(path), _extra_files={f"{METADATA_KEY}.json": json.dumps(_metadata(trained))})
+
+
+def _metadata(trained: TrainedModel) -> dict[str, Any]:
+    return {k: v for k, v in trained.metadata().items() if k != "format"}
+
+
+if __name__ == "__main__":
+    from imgcls.cli import export_main
+
+    export_main()
