@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.progressive import with_magnitude
 from imgcls.data.samplers import ShardSampler
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform
@@ -28,15 +30,27 @@ class TorchvisionBackend:
         check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
         self._datasets: dict[str, ImageFolder] = {}
 
-    def dataset(self, split: str, image_size: int | None = None) -> ImageFolder:
-        transform = (train_transform if split == "train" else val_transform)(self.cfg, image_size)
-        key = f"{split}@{image_size}"
+    def dataset(self, split: str, image_size: int | None = None, augment_magnitude: int | None = None) -> ImageFolder:
+        key = f"{split}@{image_size}@{augment_magnitude}"
         if key not in self._datasets:
+            cfg = self.cfg
+            if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
+                cfg = OmegaConf.merge(cfg, {"randaugment": with_magnitude(str(cfg.randaugment), augment_magnitude)})
+            transform = (train_transform if split == "train" else val_transform)(cfg, image_size)
             self._datasets[key] = ImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
         return self._datasets[key]
 
-    def loader(self, split: str, batch_size: int, rank: int, world_size: int, seed: int) -> DataLoader:
-        dataset = self.dataset(split)
+    def loader(
+        self,
+        split: str,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        image_size: int | None = None,
+        augment_magnitude: int | None = None,
+    ) -> DataLoader:
+        dataset = self.dataset(split, image_size, augment_magnitude)
         training = split == "train"
         sampler = ShardSampler(len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training)
         return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training)
@@ -51,7 +65,8 @@ class SyntheticBackend:
         self.cfg = cfg
         self.classes = [str(i) for i in range(int(cfg.num_classes))]
 
-    def loader(self, split: str, batch_size: int, rank: int, world_size: int, seed: int) -> DataLoader:
+    def loader(self, split: str, batch_size: int, rank: int, world_size: int, seed: int, **_: Any) -> DataLoader:
+        # Progressive resizing does not apply: synthetic images keep the model's size.
         training = split == "train"
         count = int(self.cfg.get("train_samples" if training else "val_samples") or 1024)
         dataset = SyntheticImages(count, int(self.cfg.image_size), len(self.classes), seed=1 if training else 2)
@@ -73,9 +88,27 @@ def _dataloader(dataset: Any, sampler: ShardSampler, batch_size: int, cfg: Any, 
     )
 
 
+def _dali(device: str) -> Callable[[Any], Any]:
+    """Import DALI only when a DALI backend is chosen; a missing package is a one-line config error."""
+
+    def build(cfg: Any) -> Any:
+        try:
+            from imgcls.data.dali import DaliBackend
+        except ImportError as exc:
+            raise ConfigError(
+                f"data.backend={cfg.backend} needs NVIDIA DALI, which does not import here ({exc}); "
+                "pip install nvidia-dali-cuda120 (or -cuda130), or use data.backend=torchvision"
+            ) from None
+        return DaliBackend(cfg, device)
+
+    return build
+
+
 BACKENDS: dict[str, Callable[[Any], Any]] = {
     "torchvision": TorchvisionBackend,
     "synthetic": SyntheticBackend,
+    "dali_cpu": _dali("cpu"),  # DALI decode + augment on CPU threads (NVIDIA: DGX-1, DGX A100)
+    "dali_gpu": _dali("gpu"),  # nvJPEG decode + GPU augment (NVIDIA: DGX-2)
 }
 
 

@@ -8,6 +8,7 @@ import lightning as L
 
 from imgcls.data.backends import make_backend
 from imgcls.data.demo import ensure_demo_dataset
+from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
 
 
 class ClassificationDataModule(L.LightningDataModule):
@@ -22,6 +23,17 @@ class ClassificationDataModule(L.LightningDataModule):
         self.val_batch_size = int(cfg.val_batch_size or batch_size)
         self.seed = seed
         self.backend = make_backend(cfg)
+        self.schedule: ProgressiveSchedule | None = schedule_from_config(cfg)
+        # Loaders are kept between epochs (persistent workers, built DALI pipelines) and rebuilt only
+        # when what they produce changes (progressive resizing).
+        self._loaders: dict[tuple, Any] = {}
+
+    def setup(self, stage: str) -> None:
+        if self.schedule is not None and self.trainer is not None:
+            # Progressive resizing needs a train loader per epoch. Set here rather than in train.py so
+            # that the Trainer's construction stays independent of data options; Lightning reads this
+            # attribute at every epoch start (fit_loop.setup_data).
+            self.trainer.reload_dataloaders_every_n_epochs = 1
 
     @property
     def classes(self) -> list[str]:
@@ -31,10 +43,28 @@ class ClassificationDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def train_dataloader(self) -> Any:
+    def _epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
+    def _loader(self, split: str, batch_size: int, **options: Any) -> Any:
         rank, world = self._rank_world()
-        return self.backend.loader("train", self.batch_size, rank, world, self.seed)
+        key = (split, batch_size, rank, world, *sorted(options.items()))
+        if key not in self._loaders:
+            # Drop this split's stale loader first (its worker processes or DALI pipeline).
+            self._loaders = {k: v for k, v in self._loaders.items() if k[0] != split}
+            self._loaders[key] = self.backend.loader(split, batch_size, rank, world, self.seed, **options)
+        return self._loaders[key]
+
+    def train_dataloader(self) -> Any:
+        if self.schedule is None:
+            return self._loader("train", self.batch_size)
+        epoch = self._epoch()
+        options = {"image_size": self.schedule.size(epoch)}
+        if self.schedule.magnitude(epoch) is not None:
+            options["augment_magnitude"] = self.schedule.magnitude(epoch)
+        return self._loader("train", self.batch_size, **options)
 
     def val_dataloader(self) -> Any:
-        rank, world = self._rank_world()
-        return self.backend.loader("val", self.val_batch_size, rank, world, self.seed)
+        if self.schedule is None:
+            return self._loader("val", self.val_batch_size)
+        return self._loader("val", self.val_batch_size, image_size=self.schedule.final_size)

@@ -1,0 +1,169 @@
+"""DALI train and val pipelines (the `nvidia.dali.fn` API), following NVIDIA's IC/dataloaders.py.
+
+Differences from NVIDIA's PyTorch code, each on purpose:
+- train decodes with the fused `fn.decoders.image_random_crop` (ROI decode: only the crop's region
+  of the JPEG is decoded, as NVIDIA's TF1/TF2 DALI pipelines do) instead of full decode +
+  `random_resized_crop`; on 2 CPU cores this is what puts the pipeline past a plain full decode.
+- the reader's "label" is the sample index; the loader maps it to the class (see dali.py), so the
+  loader knows which files each rank read.
+- val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import nvidia.dali.math as dmath
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.auto_aug import auto_augment, rand_augment
+
+from imgcls.errors import ConfigError
+
+READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
+
+INTERPOLATION = {
+    "bilinear": types.INTERP_LINEAR,
+    "bicubic": types.INTERP_CUBIC,
+    "nearest": types.INTERP_NN,
+    "lanczos": types.INTERP_LANCZOS3,
+    "triangular": types.INTERP_TRIANGULAR,  # NVIDIA --interpolation triangular (DALI only)
+}
+
+# nvJPEG buffer paddings of NVIDIA's HybridTrainPipe, sized for full ImageNet so they never reallocate.
+DEVICE_MEMORY_PADDING = 211025920
+HOST_MEMORY_PADDING = 140544512
+
+
+def interp_type(name: str) -> Any:
+    if name not in INTERPOLATION:
+        raise ConfigError(f"data.interpolation={name} is not supported by DALI; allowed: {', '.join(INTERPOLATION)}")
+    return INTERPOLATION[name]
+
+
+def _normalize(
+    images: Any, mirror: Any, mean: Sequence[float], std: Sequence[float], layout: str, fp16: bool, **crop: Any
+) -> Any:
+    # CMN takes 0-255 statistics (NVIDIA multiplies the ImageNet constants by 255 too).
+    return fn.crop_mirror_normalize(
+        images,
+        **crop,
+        dtype=types.FLOAT16 if fp16 else types.FLOAT,
+        output_layout=layout,
+        mean=[m * 255 for m in mean],
+        std=[s * 255 for s in std],
+        mirror=mirror,
+    )
+
+
+@pipeline_def(enable_conditionals=True)  # conditionals: required by DALI's auto_aug policies
+def train_pipeline(
+    files: list[str],
+    shard_id: int,
+    num_shards: int,
+    size: int,
+    gpu: bool,
+    interpolation: str,
+    crop_scale: Sequence[float],
+    crop_ratio: Sequence[float],
+    hflip: float,
+    mean: Sequence[float],
+    std: Sequence[float],
+    layout: str = "CHW",
+    fp16: bool = False,
+    antialias: bool = False,
+    augment: str | None = None,
+    randaugment: tuple[int, int] = (2, 9),
+    with_crop_shape: bool = False,
+) -> Any:
+    jpegs, index = fn.readers.file(
+        files=files,
+        labels=list(range(len(files))),
+        shard_id=shard_id,
+        num_shards=num_shards,
+        random_shuffle=True,
+        # Pad instead of reading into the next epoch: every epoch starts at its shard's beginning.
+        pad_last_batch=True,
+        name=READER,
+    )
+    decoder_args: dict[str, Any] = {}
+    if gpu:
+        decoder_args = {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
+    images = fn.decoders.image_random_crop(
+        jpegs,
+        device="mixed" if gpu else "cpu",
+        output_type=types.RGB,
+        random_area=list(crop_scale),
+        random_aspect_ratio=list(crop_ratio),
+        num_attempts=100,
+        **decoder_args,
+    )
+    crop_shape = images.shape() if with_crop_shape else None  # (h, w, c) of each crop, for tests
+    # antialias=False in training, as NVIDIA (6fcd5f5d "Fix DALI anti-alias flag"): cheaper on CPU.
+    images = fn.resize(images, size=[size, size], interp_type=interp_type(interpolation), antialias=antialias)
+    if augment == "autoaugment":
+        images = auto_augment.auto_augment_image_net(images, shape=[size, size])
+    elif augment == "randaugment":
+        n, m = randaugment
+        # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
+        images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=[size, size])
+    elif augment is not None:
+        raise ConfigError(f"data.augment={augment} is not allowed; use null, autoaugment or randaugment")
+    mirror = fn.random.coin_flip(probability=float(hflip))
+    images = _normalize(images, mirror, mean, std, layout, fp16)
+    if with_crop_shape:
+        return images, index, crop_shape
+    return images, index
+
+
+@pipeline_def
+def val_pipeline(
+    files: list[str],
+    shard_id: int,
+    num_shards: int,
+    size: int,
+    crop_pct: float,
+    gpu: bool,
+    interpolation: str,
+    mean: Sequence[float],
+    std: Sequence[float],
+    layout: str = "CHW",
+    fp16: bool = False,
+) -> Any:
+    jpegs, index = fn.readers.file(
+        files=files,
+        labels=list(range(len(files))),
+        shard_id=shard_id,
+        num_shards=num_shards,
+        random_shuffle=False,
+        # Exact validation: no padding duplicates, and each rank keeps its own shard every epoch;
+        # the iterator's PARTIAL policy trims the samples read past the shard's end.
+        pad_last_batch=False,
+        stick_to_shard=True,
+        name=READER,
+    )
+    images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+    # The geometry of torchvision's Resize(floor(size / crop_pct)) + CenterCrop(size), to the pixel:
+    # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own
+    # resize_shorter and centred crop round differently, a one-pixel shift on most photos.
+    shape = fn.peek_image_shape(jpegs)
+    height, width = fn.cast(shape[0], dtype=types.INT32), fn.cast(shape[1], dtype=types.INT32)
+    shorter = dmath.min(height, width)
+    scaled = int(size / crop_pct)
+    new_h, new_w = (scaled * height) // shorter, (scaled * width) // shorter
+    images = fn.resize(
+        images,
+        resize_y=fn.cast(new_h, dtype=types.FLOAT),
+        resize_x=fn.cast(new_w, dtype=types.FLOAT),
+        interp_type=interp_type(interpolation),
+        antialias=True,
+    )
+    anchor = fn.stack(_half_to_even(new_h - size), _half_to_even(new_w - size))
+    images = fn.slice(images, start=anchor, shape=[size, size], axis_names="HW")
+    return _normalize(images, 0, mean, std, layout, fp16), index
+
+
+def _half_to_even(diff: Any) -> Any:
+    """round(diff / 2) with ties to even, in DALI integer arithmetic."""
+    half = diff // 2
+    return half + (diff - 2 * half) * (half - 2 * (half // 2))

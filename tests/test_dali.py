@@ -1,0 +1,259 @@
+"""The dali_cpu / dali_gpu backends with real DALI on CPU (device_id=None): labels, parity with
+torchvision, crop ranges, exact sharding, Lightning runs (one process and 2-process DDP)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from imgcls.data.backends import make_backend
+from imgcls.errors import ConfigError
+from tests.conftest import SHARED, compose_config, make_image_folder, read_report, run_cli, tiny_overrides
+
+pytest.importorskip("nvidia.dali")
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="dali_gpu needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 24 train images (divisible by 2 ranks x batch 4: the train shards cover everything),
+    # 21 val images (odd: uneven val shards, where padding would show).
+    root = make_image_folder(tmp_path_factory.mktemp("dali"), classes=3, train_per_class=8, val_per_class=7)
+    return root
+
+
+def data_cfg(root: Path, *extra: str):
+    return compose_config(tiny_overrides(root, "data.backend=dali_cpu", *extra)).data
+
+
+def epoch(loader) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = zip(*[(x, y) for x, y, *_ in loader])
+    return torch.cat(images), torch.cat(labels)
+
+
+def test_backend_choice_errors(folder: Path) -> None:
+    with pytest.raises(ConfigError, match="data.backend=dali_fast is not a known backend; allowed: dali_cpu"):
+        make_backend(data_cfg(folder, "data.backend=dali_fast"))
+    with pytest.raises(ConfigError, match="data.interpolation=box is not supported by DALI; allowed: bilinear"):
+        make_backend(data_cfg(folder, "data.interpolation=box"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="dali_gpu needs a CUDA GPU") as info:
+            make_backend(data_cfg(folder, "data.backend=dali_gpu"))
+        assert "\n" not in str(info.value)
+
+
+def test_labels_identical_to_imagefolder(tmp_path: Path) -> None:
+    # Class names whose sorted order is not the creation order (uppercase sorts first, "a10" < "a2").
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for k, name in enumerate(["b", "a2", "a10", "C"]):
+            (root / split / name).mkdir(parents=True)
+            for i in range(3):
+                pixels = np.zeros((24, 24, 3), np.uint8)
+                pixels[..., 0] = 60 * k + 10  # the class is readable from the red channel
+                Image.fromarray(pixels).save(root / split / name / f"{i}.jpg", quality=95)
+    backend = make_backend(data_cfg(root))
+    reference = ImageFolder(str(root / "val"))
+    assert backend.classes == reference.classes == ["C", "a10", "a2", "b"]
+    _, labels = epoch(backend.loader("val", 4, 0, 1, 0))
+    assert labels.tolist() == reference.targets
+    # Train is shuffled: each image must still carry its own class's label.
+    images, labels = epoch(backend.loader("train", 4, 0, 1, 0))
+    assert sorted(labels.tolist()) == sorted(ImageFolder(str(root / "train")).targets)
+    red = images[:, 0].mean(dim=(1, 2)) * 0.229 + 0.485  # undo normalization: red in 0..1
+    class_of_red = {reference.class_to_idx[n]: 60 * k + 10 for k, n in enumerate(["b", "a2", "a10", "C"])}
+    expected = torch.tensor([class_of_red[int(y)] / 255 for y in labels])
+    assert torch.allclose(red, expected, atol=0.02)
+
+
+def _photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """16 real ImageNet photos from the shared archive (generated JPEGs when it is absent)."""
+    archive = SHARED / "imagenet-samples-500.tar.gz"
+    out = tmp_path_factory.mktemp("photos")
+    if archive.exists():
+        with tarfile.open(archive) as tar:
+            members = sorted((m for m in tar.getmembers() if m.name.endswith(".JPEG")), key=lambda m: m.name)[::31][:16]
+            tar.extractall(out, members=members, filter="data")
+        return sorted(out.rglob("*.JPEG"))
+    make_image_folder(out, classes=2, train_per_class=1, val_per_class=8, size=(333, 250))
+    return sorted((out / "val").rglob("*.jpg"))
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFactory, interpolation: str) -> None:
+    """Same photos, same geometry: resize shorter side to 256, centre crop 224, normalize.
+
+    Tolerance: both decode with libjpeg-turbo (identical pixels) and resize with a triangle / cubic
+    antialiasing filter of the same support, rounding to uint8 before normalizing; they differ only
+    in the filter's fixed-point arithmetic, so most pixels differ by at most one 8-bit level
+    (1/255/0.224 = 0.0175 normalized). Bound: mean |diff| < 0.01 and 99.9% of values within
+    2 levels (0.035); bicubic overshoot is clamped a little differently near hard edges, hence
+    a percentile rather than a max.
+    """
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    from imgcls.data.dali_pipelines import READER, val_pipeline
+    from imgcls.data.transforms import val_transform
+
+    files = _photos(tmp_path_factory)
+    cfg = data_cfg(Path("/unused"), f"data.interpolation={interpolation}", "model.image_size=224")
+    transform = val_transform(cfg)
+    reference = torch.stack([transform(Image.open(f).convert("RGB")) for f in files])
+    pipe = val_pipeline(
+        files=[str(f) for f in files], shard_id=0, num_shards=1, size=224, crop_pct=0.875, gpu=False,
+        interpolation=interpolation, mean=list(cfg.mean), std=list(cfg.std),
+        batch_size=8, num_threads=1, device_id=None,
+    )  # fmt: skip
+    iterator = DALIGenericIterator(
+        pipe, ["data", "index"], reader_name=READER, last_batch_policy=LastBatchPolicy.PARTIAL
+    )
+    dali = torch.cat([batch[0]["data"].clone() for batch in iterator])
+    assert dali.shape == reference.shape == (len(files), 3, 224, 224)
+    diff = (dali - reference).abs()
+    assert diff.mean() < 0.01, f"mean |diff| {diff.mean():.4f}"
+    assert diff.flatten().kthvalue(int(0.999 * diff.numel())).values < 0.035
+
+
+def test_train_crops_respect_area_and_aspect(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "big", classes=1, train_per_class=2, val_per_class=1, size=(400, 300))
+    for scale, ratio in (((0.08, 1.0), (0.75, 4 / 3)), ((0.3, 0.4), (1.0, 1.5))):
+        cfg = data_cfg(
+            root, f"data.train_crop_scale=[{scale[0]},{scale[1]}]", f"data.train_crop_ratio=[{ratio[0]},{ratio[1]}]"
+        )
+        loader = make_backend(cfg).loader("train", 2, 0, 1, seed=3, with_crop_shape=True)
+        shapes = torch.cat([next(iter(loader))[2] for _ in range(60)]).double()  # (h, w, c) of each crop
+        area = shapes[:, 0] * shapes[:, 1] / (400 * 300)
+        aspect = shapes[:, 1] / shapes[:, 0]
+        slack = 0.02  # crops are whole pixels
+        assert area.min() >= scale[0] - slack and area.max() <= scale[1] + slack, (area.min(), area.max())
+        assert aspect.min() >= ratio[0] - slack and aspect.max() <= ratio[1] + slack, (aspect.min(), aspect.max())
+        assert area.std() > 0.02 and aspect.std() > 0.02  # really random
+        assert next(iter(loader))[0].shape == (2, 3, 32, 32)  # then resized to the train size
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_val_shards_cover_every_image_once(folder: Path, world: int) -> None:
+    backend = make_backend(data_cfg(folder, "data.trace_dir=null"))
+    reference = ImageFolder(str(folder / "val")).targets
+    for _ in range(2):  # two epochs: the second must be exact too
+        labels = []
+        for rank in range(world):
+            loader = backend.loader("val", 4, rank, world, seed=0)
+            batches = [y for _, y in loader]
+            assert len(batches) == len(loader)
+            assert all(len(y) == 4 for y in batches[:-1])
+            labels += torch.cat(batches).tolist()
+        assert sorted(labels) == sorted(reference)  # nothing dropped, nothing duplicated
+
+
+def test_train_shards_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path) -> None:
+    backend = make_backend(data_cfg(folder, f"data.trace_dir={tmp_path}"))
+    loaders = [backend.loader("train", 4, rank, 2, seed=0) for rank in range(2)]
+    assert len(loaders[0]) == len(loaders[1]) == 3  # 24 images / 2 ranks / batch 4
+    for _ in range(2):
+        for loader in loaders:
+            batches = list(loader)
+            assert len(batches) == 3 and all(x.shape == (4, 3, 32, 32) for x, _ in batches)
+    for e in range(2):
+        shards = [set(map(int, (tmp_path / f"train_rank{r}_epoch{e}.txt").read_text().split())) for r in range(2)]
+        assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 24
+
+
+def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> None:
+    loader = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, seed=0)
+    iterator = iter(loader)
+    first, _ = next(iterator)
+    kept = first.clone()
+    for _ in range(3):
+        next(iterator)  # DALI reuses its buffers here; our copy must not change
+    assert torch.equal(first, kept)
+    # A new epoch after an early stop (limit_val_batches) is complete: every image once. (Its order
+    # may be rotated: the unpadded reader wraps its last batch into the next epoch's first files.)
+    images, labels = epoch(loader)
+    assert sorted(labels.tolist()) == sorted(ImageFolder(str(folder / "val")).targets)
+    assert all(any(torch.equal(image, other) for other in images) for image in kept)
+
+
+def test_channels_last_and_fp16_outputs(folder: Path) -> None:
+    plain = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, 0)
+    nhwc = make_backend(data_cfg(folder, "precision.channels_last=true", "data.dali_fp16=true")).loader(
+        "val", 4, 0, 1, 0
+    )
+    x, _ = next(iter(plain))
+    y, _ = next(iter(nhwc))
+    assert y.dtype == torch.float16 and y.shape == x.shape == (4, 3, 32, 32)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(y.float(), x, atol=0.01)
+
+
+@pytest.mark.parametrize("augment", ["autoaugment", "randaugment"])
+def test_auto_augment_policies_run_on_cpu(folder: Path, augment: str) -> None:
+    cfg = data_cfg(folder, f"recipe.augment={augment}", "data.hflip=0")
+    images, labels = next(iter(make_backend(cfg).loader("train", 8, 0, 1, seed=0)))
+    assert images.shape == (8, 3, 32, 32) and torch.isfinite(images).all() and labels.dtype == torch.int64
+
+
+@needs_cuda
+def test_dali_gpu_matches_dali_cpu_on_val(folder: Path) -> None:
+    cpu_x, cpu_y = epoch(make_backend(data_cfg(folder)).loader("val", 4, 0, 1, 0))
+    gpu_x, gpu_y = epoch(make_backend(data_cfg(folder, "data.backend=dali_gpu")).loader("val", 4, 0, 1, 0))
+    assert gpu_x.is_cuda and torch.equal(gpu_y, cpu_y)
+    assert (gpu_x.cpu() - cpu_x).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo: small decode differences
+
+
+def test_one_epoch_train_and_val(folder: Path, tmp_path: Path) -> None:
+    import imgcls.train
+
+    cfg = compose_config(
+        tiny_overrides(folder, "data.backend=dali_cpu", "recipe.epochs=1", "recipe.warmup_epochs=0"), run_dir=tmp_path
+    )
+    summary = imgcls.train.run(cfg)
+    rows = read_report(tmp_path)["epochs"]
+    assert len(rows) == 1 and rows[0]["step"] == 3  # 24 images / batch 8
+    assert np.isfinite(summary["train.loss"]) and 0 <= summary["val.top1"] <= 100
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.fixture(scope="module")
+def ddp_run(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ddp")
+    args = tiny_overrides(
+        folder, "data.backend=dali_cpu", "data.batch_size=4", "recipe.epochs=1", "recipe.warmup_epochs=0",
+        "trainer.devices=2", "trainer.accelerator=cpu", f"data.trace_dir={run_dir}/trace", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    result = run_cli("train.py", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_ddp_ranks_read_distinct_shards(ddp_run: Path) -> None:
+    trace = ddp_run / "trace"
+    train = [set(map(int, (trace / f"train_rank{r}_epoch0.txt").read_text().split())) for r in range(2)]
+    assert len(train[0]) == len(train[1]) == 12 and not train[0] & train[1] and train[0] | train[1] == set(range(24))
+    val = [(trace / f"val_rank{r}_epoch0.txt").read_text().split() for r in range(2)]
+    assert sorted(map(int, val[0] + val[1])) == list(range(21))  # uneven shards 10 + 11, no padding
+    assert read_report(ddp_run)["epochs"][0]["step"] == 3  # 12 images a rank / batch 4
+
+
+def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) -> None:
+    """The 2-process run validated its final weights on uneven shards (10 + 11 images); evaluating the
+    same weights (last.ckpt, saved after that validation) in one process must give the same numbers."""
+    two = read_report(ddp_run)["epochs"][-1]
+    out = tmp_path / "eval.json"
+    args = [
+        f"ckpt={ddp_run}/checkpoints/last.ckpt", "data.backend=dali_cpu", "data.batch_size=4",
+        "trainer.devices=1", "trainer.accelerator=cpu", f"output={out}", f"hydra.run.dir={tmp_path}",
+    ]  # fmt: skip
+    result = run_cli("evaluate.py", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = json.loads(out.read_text())
+    assert one["val.top1"] == pytest.approx(two["val.top1"], abs=1e-4)
+    assert one["val.loss"] == pytest.approx(two["val.loss"], rel=1e-4)
