@@ -64,6 +64,17 @@ def accumulation_steps(global_batch: int, per_device_batch: int, world_size: int
     return global_batch // per_step
 
 
+def fit_per_device(per_device: int, global_batch: int, world_size: int) -> int:
+    """The largest per-device batch <= the table's that divides the global batch over the devices.
+
+    Used only when the user did not set data.batch_size: a recipe's global batch (e.g. 4096 for
+    EfficientNet) then still works with a hardware row published for another model."""
+    if global_batch % world_size:
+        return per_device
+    per_rank = global_batch // world_size
+    return next((d for d in range(min(per_device, per_rank), 0, -1) if per_rank % d == 0), per_device)
+
+
 def scaled_lr(lr_per_256: float, global_batch: int) -> float:
     """The linear scaling rule NVIDIA uses: 0.256 per 256 images for the ResNets."""
     return lr_per_256 * global_batch / 256

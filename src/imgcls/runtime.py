@@ -10,14 +10,14 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from imgcls.errors import ConfigError
 
 
-def world_size_of(trainer_cfg: Any) -> int:
+def world_size_of(trainer_cfg: Any, check_devices: bool = True) -> int:
     """devices x nodes, checked against what this machine has."""
     devices = trainer_cfg.devices
     accelerator = str(trainer_cfg.accelerator)
     nodes = int(trainer_cfg.get("num_nodes") or 1)
     if isinstance(devices, str) and devices not in ("auto", "-1"):
         devices = int(devices) if devices.isdigit() else devices
-    if accelerator in ("gpu", "cuda"):
+    if accelerator in ("gpu", "cuda") and check_devices:
         available = torch.cuda.device_count()
         if available == 0:
             raise ConfigError(

@@ -16,30 +16,37 @@ from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError
 from imgcls.loggers import build_loggers
 from imgcls.module import ClassificationModule
-from imgcls.plan import RunPlan, lookup_batch, make_plan
+from imgcls.plan import RunPlan, fit_per_device, lookup_batch, make_plan
 from imgcls.precision import resolve_precision
 from imgcls.runtime import progress_bar, world_size_of
 
 log = logging.getLogger(__name__)
 
 
-def resolve_plan(cfg: DictConfig) -> RunPlan:
-    """Per-device and global batch (config, else the hardware table), accumulation, LR and WD."""
+def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
+    """Per-device and global batch (config, else the hardware table), accumulation, LR and WD.
+
+    check_devices=False skips comparing trainer.devices with this machine (for planning a GPU run
+    on a CPU machine, e.g. in tests)."""
+    table = OmegaConf.to_container(cfg.hardware.batch, resolve=True)
     per_device, global_batch, row_wd = lookup_batch(
-        cfg.hardware.batch, str(cfg.model.batch_profile), cfg.precision.memory_class, cfg.hardware.name
+        table, str(cfg.model.batch_profile), cfg.precision.memory_class, cfg.hardware.name
     )
     per_device = per_device // int(cfg.model.get("batch_divisor") or 1)
-    if cfg.data.batch_size is not None:
-        per_device = int(cfg.data.batch_size)
     if cfg.recipe.global_batch_size is not None:
         global_batch = int(cfg.recipe.global_batch_size)
+    world_size = world_size_of(cfg.trainer, check_devices)
+    if cfg.data.batch_size is not None:
+        per_device = int(cfg.data.batch_size)
+    else:
+        per_device = fit_per_device(per_device, global_batch, world_size)
     weight_decay = cfg.recipe.weight_decay
     if weight_decay is None:
         weight_decay = row_wd if row_wd is not None else cfg.model.weight_decay
     return make_plan(
         per_device_batch=per_device,
         global_batch=global_batch,
-        world_size=world_size_of(cfg.trainer),
+        world_size=world_size,
         lr_per_256=float(cfg.recipe.lr_per_256),
         weight_decay=float(weight_decay),
     )
