@@ -100,12 +100,13 @@ def load_state(
         if k in own and state[k].shape != own[k].shape
     ]
     if missing or unexpected or wrong:
+        parts = [
+            f"{len(items)} {what} (e.g. {items[:3]})"
+            for items, what in ((missing, "missing"), (unexpected, "unexpected"), (wrong, "of another shape"))
+            if items
+        ]
         hint = " (torchvision's layout is only the same as timm's for ResNet/ResNeXt)" if unexpected else ""
-        raise CheckpointError(
-            f"{source} does not fit model {arch}: "
-            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), "
-            f"{len(wrong)} of another shape (e.g. {wrong[:2]}){hint}"
-        )
+        raise CheckpointError(f"{source} does not fit model {arch}: {', '.join(parts)}{hint}")
     net.load_state_dict(state, strict=False)
 
 
@@ -216,8 +217,8 @@ def load_trained(
     probe = _build(model_cfg, 1)
     head_key = head_name(probe) + ".weight"
     if classes is None:
-        if head_key not in state:
-            raise CheckpointError(f"{key}={path} has no {head_key}: not a {model_cfg['arch']} state_dict")
+        if head_key not in state:  # not this architecture: the full list of what does not fit
+            load_state(probe, state, f"{key}={path}", model_cfg["arch"], new_head_ok=False)
         count = state[head_key].shape[0]
         # 1000 outputs: timm's and torchvision's ImageNet-1k files, labels in sorted-wnid order.
         classes = list(imagenet_names()) if count == 1000 else [str(i) for i in range(count)]

@@ -1,0 +1,146 @@
+"""Benchmarks: evaluate.py mode=benchmark (inference table) and train.py mode=benchmark (training ips)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import imgcls.train
+from imgcls.bench.inference import check_batch_sizes, markdown_table, measure
+from imgcls.bench.training import BenchmarkTimer
+from imgcls.errors import ConfigError
+from imgcls.evaluate import run as evaluate
+from tests.conftest import ROOT, compose_config, tiny_overrides
+from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    return tiny_run(tmp_path_factory, image_folder)
+
+
+class SlowStart(nn.Module):
+    """A network whose first `slow` calls take 0.2 s and the rest nearly nothing."""
+
+    def __init__(self, slow: int) -> None:
+        super().__init__()
+        self.slow = slow
+        self.calls = 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls <= self.slow:
+            time.sleep(0.2)
+        return images.mean(dim=(2, 3))
+
+
+def test_inference_warmup_is_not_timed() -> None:
+    net = SlowStart(slow=3)
+    row = measure(net, batch_size=2, image_size=8, device=torch.device("cpu"), warmup=3, iterations=5)
+    assert net.calls == 8 and row["iterations"] == 5
+    assert row["latency_p99_ms"] < 50  # a timed warm-up call would be >= 200 ms
+    assert row["throughput_ips"] == pytest.approx(2 / (row["latency_avg_ms"] / 1000))
+
+
+def test_benchmark_table_for_a_checkpoint(trained: Path, tmp_path: Path, capsys) -> None:
+    cfg = compose_config(
+        [
+            "mode=benchmark",
+            f"ckpt={trained / 'checkpoints' / 'last.ckpt'}",
+            "batch_sizes=[1,2,4]",
+            "benchmark.warmup=1",
+            "benchmark.iterations=4",
+        ],
+        config_name="evaluate",
+        run_dir=tmp_path,
+    )
+    document = evaluate(cfg)
+    rows = document["rows"]
+    assert [r["batch_size"] for r in rows] == [1, 2, 4] and document["image_size"] == 32
+    for row in rows:
+        assert 0 < row["latency_avg_ms"] <= row["latency_p99_ms"] and row["latency_p90_ms"] <= row["latency_p95_ms"]
+        assert row["iterations"] == 4
+    assert json.loads((tmp_path / "benchmark.json").read_text())["rows"] == rows
+    out = capsys.readouterr().out
+    assert markdown_table(rows) in out
+    assert "| Batch size | Throughput (img/s) | Latency avg (ms) | Latency p90 (ms)" in out
+
+
+def test_benchmark_with_random_weights_and_bf16(tmp_path: Path) -> None:
+    cfg = compose_config(
+        ["mode=benchmark", "model=resnet18", "precision=bf16", "batch_sizes=[2]", "benchmark.warmup=1",
+         "benchmark.iterations=2", "benchmark.image_size=32"],
+        config_name="evaluate",
+        run_dir=tmp_path,
+    )  # fmt: skip
+    document = evaluate(cfg)
+    assert document["model"] == "resnet18" and document["autocast"] == "bfloat16" and document["channels_last"]
+    assert document["ckpt"] is None and len(document["rows"]) == 1
+
+
+@pytest.mark.parametrize("values", [[], [0], [4, -1], ["a"], [1.5]])
+def test_bad_batch_sizes(values: list) -> None:
+    with pytest.raises(ConfigError, match="batch_sizes="):
+        check_batch_sizes(values)
+
+
+def test_training_benchmark_timer_excludes_warmup() -> None:
+    timer = BenchmarkTimer(warmup=2, iterations=3)
+    trainer = SimpleNamespace(should_stop=False)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    batch = (None, [0] * 4)
+    timer.on_train_start(trainer, module)
+    for i in range(5):
+        timer.on_train_batch_start(trainer, module, batch, i)
+        time.sleep(0.2 if i < 2 else 0.01)  # slow warm-up iterations
+        timer.on_train_batch_end(trainer, module, None, batch, i)
+        assert trainer.should_stop == (i == 4)
+    summary = timer.timer.summary("train", 1)
+    assert timer.timer.batches == 3 and timer.timer.samples == 12
+    assert summary["train.compute_time"] < 0.1 and summary["train.compute_ips"] > 4 / 0.1
+
+
+def test_train_mode_benchmark_runs_timed_iterations_only(image_folder: Path, tmp_path: Path) -> None:
+    overrides = tiny_overrides(image_folder, "mode=benchmark", "benchmark.warmup=2", "benchmark.iterations=8")
+    # 8 timed iterations on 6 batches per epoch: the benchmark goes on over the epoch end.
+    metrics = imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    document = json.loads((tmp_path / "benchmark.json").read_text())
+    assert document["iterations"] == 8 and document["mode"] == "benchmark_training"
+    for name in ("train.total_ips", "train.compute_ips", "train.data_time", "train.compute_time"):
+        assert metrics[name] > 0 and document[name] == metrics[name]
+    assert metrics["train.compute_ips"] >= metrics["train.total_ips"]
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "report.json").exists()
+
+
+def test_train_benchmark_cli_on_synthetic_data_and_bad_batch_sizes(tmp_path: Path) -> None:
+    train = [
+        str(ROOT / "train.py"), "mode=benchmark", "model=resnet18", "data=synthetic", "data.num_classes=10",
+        "data.batch_size=4", "recipe.global_batch_size=4", "model.image_size=32", "data.num_workers=0",
+        "precision=bf16", "benchmark.warmup=1", "benchmark.iterations=3", "callbacks.progress_bar=none",
+        "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'train'}",
+    ]  # fmt: skip
+    evaluate_py = [str(ROOT / "evaluate.py"), "mode=benchmark", "model=resnet18", f"hydra.run.dir={tmp_path}"]
+    results = run_clis(
+        {"train": train, "empty": [*evaluate_py, "batch_sizes=[]"], "negative": [*evaluate_py, "batch_sizes=[8,-2]"]}
+    )
+    assert results["train"].returncode == 0, results["train"].stderr[-2000:]
+    document = json.loads((tmp_path / "train" / "benchmark.json").read_text())
+    assert document["precision"] == "bf16" and document["data.backend"] == "synthetic" and document["iterations"] == 3
+    assert_one_line_error(results["empty"], "batch_sizes=[] is empty")
+    assert_one_line_error(results["negative"], "-2 is not a positive whole number")
+
+
+def test_gpu_path_synchronises(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    from imgcls.bench import inference
+
+    inference._sync(torch.device("cuda"))
+    inference._sync(torch.device("cpu"))
+    assert calls == [torch.device("cuda")]

@@ -1,0 +1,154 @@
+"""evaluate.py: the numbers equal training's own validation; weights-only files; one-line errors.
+
+The tiny checkpoint (resnet18, 32 px, 3 classes, EMA 0.9) is trained once per session by `tiny_run`,
+which the other test modules of this feature import (the run dir is cached on disk for the session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from imgcls.errors import CheckpointError, ConfigError
+from imgcls.evaluate import run as evaluate
+from imgcls.export import export_weights
+from imgcls.models.weights import load_trained
+from tests.conftest import ROOT, compose_config, read_report, tiny_overrides
+
+
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    """Train the tiny checkpoint once per session: RUN/checkpoints/{last,best}.ckpt and RUN/report.json."""
+    run_dir = tmp_path_factory.getbasetemp() / "imgcls-tiny-run"
+    if not (run_dir / "report.json").is_file() or not (run_dir / "checkpoints" / "last.ckpt").is_file():
+        import imgcls.train
+
+        imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.ema_decay=0.9"), run_dir=run_dir))
+    return run_dir
+
+
+def run_clis(cases: dict[str, list[str]], timeout: float = 600) -> dict[str, subprocess.CompletedProcess]:
+    """Run several CLI invocations as a user would, concurrently (most of each is Python's import time)."""
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, args in cases.items()
+    }
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=timeout)
+        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return results
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("imgcls: error:")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    return tiny_run(tmp_path_factory, image_folder)
+
+
+def _evaluate(tmp_path: Path, *overrides: str) -> dict[str, float]:
+    cfg = compose_config(["trainer.enable_progress_bar=false", *overrides], config_name="evaluate", run_dir=tmp_path)
+    return evaluate(cfg)
+
+
+def test_evaluate_equals_the_validation_training_logged(trained: Path, tmp_path: Path) -> None:
+    last_row = read_report(trained)["epochs"][-1]
+    metrics = _evaluate(tmp_path, f"ckpt={trained / 'checkpoints' / 'last.ckpt'}")
+    # Same weights, val batches and torchmetrics as training's last validation: the same numbers.
+    assert metrics["val.top1"] == last_row["val.top1"]
+    assert metrics["val.top5"] == last_row["val.top5"]
+    assert metrics["val.loss"] == pytest.approx(last_row["val.loss"], rel=1e-6)
+    written = json.loads((tmp_path / "eval.json").read_text())
+    for name in ("val.top1", "val.top5", "val.loss", "val.total_ips", "val.compute_ips"):
+        assert written[name] == pytest.approx(metrics[name])
+    assert written["val.total_ips"] > 0 and written["weights"] == "raw" and written["model"] == "resnet18"
+
+
+def test_use_ema_evaluates_the_ema_weights(trained: Path, tmp_path: Path) -> None:
+    last_row = read_report(trained)["epochs"][-1]
+    assert last_row["val_ema.loss"] != last_row["val.loss"]  # otherwise this test could not tell them apart
+    metrics = _evaluate(tmp_path, f"ckpt={trained / 'checkpoints' / 'last.ckpt'}", "use_ema=true")
+    assert metrics["val.top1"] == last_row["val_ema.top1"]
+    assert metrics["val.loss"] == pytest.approx(last_row["val_ema.loss"], rel=1e-6)
+
+
+def test_weights_export_and_plain_state_dict_evaluate_like_the_checkpoint(
+    trained: Path, image_folder: Path, tmp_path: Path
+) -> None:
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    expected = _evaluate(tmp_path / "ckpt", f"ckpt={ckpt}")
+    model = load_trained(ckpt)
+    export_weights(model, tmp_path / "export.pt")  # metadata inside: no model= needed
+    exported = _evaluate(tmp_path / "export", f"ckpt={tmp_path / 'export.pt'}", f"data.root={image_folder}")
+    torch.save(model.net.state_dict(), tmp_path / "plain.pth")  # keys only: model= says what it is
+    plain = _evaluate(
+        tmp_path / "plain",
+        f"ckpt={tmp_path / 'plain.pth'}",
+        "model=resnet18",
+        "model.image_size=32",
+        f"data.root={image_folder}",
+        "data.batch_size=8",
+    )
+    for result in (exported, plain):
+        assert result["val.top1"] == expected["val.top1"]
+        assert result["val.top5"] == expected["val.top5"]
+        assert result["val.loss"] == pytest.approx(expected["val.loss"], rel=1e-5)
+
+
+def test_no_ckpt_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="ckpt=PATH is required"):
+        _evaluate(tmp_path)
+
+
+def test_a_state_dict_of_another_architecture_lists_the_keys(trained: Path, tmp_path: Path) -> None:
+    import torchvision
+
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "tv_resnet18.pth")
+    model_cfg = OmegaConf.to_container(compose_config(["model=efficientnet_b0"]).model, resolve=True)
+    with pytest.raises(CheckpointError, match=r"does not fit model efficientnet_b0: \d+ missing .* unexpected"):
+        load_trained(tmp_path / "tv_resnet18.pth", model_cfg=model_cfg)
+
+
+@pytest.fixture(scope="module")
+def cli_errors(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("evaluate-errors")
+    (tmp / "notes.ckpt").write_text("not a checkpoint")
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    evaluate_py = str(ROOT / "evaluate.py")
+    common = [f"hydra.run.dir={tmp / 'out'}", "trainer.enable_progress_bar=false"]
+    return run_clis(
+        {
+            "missing": [evaluate_py, f"ckpt={tmp / 'nope.ckpt'}", *common],
+            "not_a_checkpoint": [evaluate_py, f"ckpt={tmp / 'notes.ckpt'}", *common],
+            "other_arch": [evaluate_py, f"ckpt={ckpt}", "model=resnet50", *common],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        ("missing", ["nope.ckpt", "does not exist"]),
+        ("not_a_checkpoint", ["notes.ckpt", "is not a PyTorch checkpoint"]),
+        ("other_arch", ["holds a resnet18 network, not model=resnet50"]),
+    ],
+)
+def test_bad_checkpoints_are_one_line_errors(cli_errors: dict, case: str, needles: list[str]) -> None:
+    assert_one_line_error(cli_errors[case], *needles)
