@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
+import uuid
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 
@@ -15,7 +18,7 @@ def build_loggers(cfg: Any, run_dir: str | Path) -> list[Logger]:
     loggers: list[Logger] = []
     # A fixed version dir so that a resumed run appends to the same files instead of a new version.
     if "csv" in cfg:
-        loggers.append(CSVLogger(save_dir=str(run_dir), name="", version="csv"))
+        loggers.append(ResumableCSVLogger(save_dir=str(run_dir), name="", version="csv"))
     if "tensorboard" in cfg:
         loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="", version="tensorboard"))
     if "wandb" in cfg:
@@ -29,9 +32,7 @@ def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
     if id_file.exists():
         run_id = id_file.read_text().strip()
     else:
-        import wandb
-
-        run_id = wandb.util.generate_id()
+        run_id = uuid.uuid4().hex[:8]  # W&B ids are short lowercase alphanumerics
         if rank_zero_only.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id + "\n")
@@ -47,3 +48,30 @@ def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
         resume="allow",
     )
     return logger
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer deletes an existing metrics.csv when it starts; a resumed run must
+    append to it instead, with the header it already has."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                self.metrics_keys = sorted(next(csv.reader(file), []))
+
+
+class ResumableCSVLogger(CSVLogger):
+    @property
+    def experiment(self) -> _AppendingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+def close_loggers(loggers: list[Logger]) -> None:
+    """Finish W&B runs (Lightning leaves them open): a sweep's next job then starts a fresh run, and
+    offline runs get their summary written."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0 and logger._experiment is not None:
+            logger.experiment.finish()

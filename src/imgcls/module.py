@@ -119,8 +119,12 @@ class ClassificationModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         groups = parameter_groups(self.net, self.plan["weight_decay"], bool(self.recipe.norm_bias_weight_decay))
         optimizer = build_optimizer(groups, self.recipe, self.plan["lr"])
-        total = int(self.trainer.estimated_stepping_batches)
-        warmup = warmup_steps(total, int(self.recipe.epochs), float(self.recipe.warmup_epochs))
+        # The schedule spans the recipe's epochs even when this invocation stops earlier
+        # (trainer.max_epochs < recipe.epochs: a run split into stages, resumed with ckpt_path).
+        epochs = int(self.recipe.epochs)
+        steps_per_epoch = self.trainer.estimated_stepping_batches / max(1, self.trainer.max_epochs)
+        total = max(1, round(steps_per_epoch * epochs))
+        warmup = warmup_steps(total, epochs, float(self.recipe.warmup_epochs))
         scheduler = build_scheduler(optimizer, total, warmup, float(self.recipe.end_lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

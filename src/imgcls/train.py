@@ -14,7 +14,7 @@ from imgcls.callbacks.checkpoint import checkpoint_callbacks, resolve_ckpt_path
 from imgcls.callbacks.report import ReportCallback
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError
-from imgcls.loggers import build_loggers
+from imgcls.loggers import build_loggers, close_loggers
 from imgcls.module import ClassificationModule
 from imgcls.plan import RunPlan, fit_per_device, lookup_batch, make_plan
 from imgcls.precision import resolve_precision
@@ -109,5 +109,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         log.info("run dir %s; plan %s", run_dir, plan.as_dict())
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    finally:
+        close_loggers(loggers)
     return report.summary()

@@ -1,4 +1,5 @@
-"""The checkpoint policy: RUN_DIR/checkpoints/last.ckpt and best.ckpt (best val top-1)."""
+"""The checkpoint policy: RUN_DIR/checkpoints/last.ckpt (every epoch, optionally every K steps) and
+RUN_DIR/checkpoints/best.ckpt (best val top-1)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,33 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
+def _checkpoint(dirpath: Path, filename: str, **kwargs: Any) -> ModelCheckpoint:
+    return ModelCheckpoint(
+        dirpath=dirpath,
+        filename=filename,
+        save_top_k=1,
+        enable_version_counter=False,  # overwrite last.ckpt / best.ckpt in place (atomically)
+        auto_insert_metric_name=False,
+        # After the whole epoch, validation included: a checkpoint taken at validation end makes
+        # Lightning re-run that validation on resume.
+        save_on_train_epoch_end=True,
+        **kwargs,
+    )
+
+
 def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) -> list[ModelCheckpoint]:
-    """`last.ckpt` every epoch (and every K steps if asked), `best.ckpt` on the monitored metric."""
+    """`last.ckpt` every epoch (and every K steps if asked), `best.ckpt` on the monitored metric.
+
+    "last" is its own monitor-less callback: Lightning 2.6's `save_last=True` only refreshes last.ckpt
+    when the monitored top-k checkpoint was saved, i.e. not after an epoch without improvement."""
     if cfg is None:
         return []
     dirpath = Path(run_dir) / "checkpoints"
-    callbacks = []
+    callbacks = [_checkpoint(dirpath, "last", every_n_epochs=int(cfg.get("every_n_epochs") or 1))]
     if has_val and cfg.get("monitor"):
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=dirpath,
-                filename="best",
-                monitor=cfg.monitor,
-                mode="max",
-                save_top_k=1,
-                save_last=True,
-                every_n_epochs=int(cfg.get("every_n_epochs") or 1),
-                enable_version_counter=False,
-                auto_insert_metric_name=False,
-            )
-        )
-    else:
-        callbacks.append(ModelCheckpoint(dirpath=dirpath, save_top_k=0, save_last=True, enable_version_counter=False))
+        callbacks.append(_checkpoint(dirpath, "best", monitor=cfg.monitor, mode="max"))
     if cfg.get("every_n_train_steps"):
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=dirpath,
-                save_top_k=0,
-                save_last=True,
-                every_n_train_steps=int(cfg.every_n_train_steps),
-                enable_version_counter=False,
-            )
-        )
+        callbacks.append(_checkpoint(dirpath, "last", every_n_train_steps=int(cfg.every_n_train_steps)))
     return callbacks
 
 

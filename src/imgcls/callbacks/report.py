@@ -141,8 +141,9 @@ class ReportCallback(L.Callback):
         self._epoch_written = epoch
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                timing = {k: v for k, v in row.items() if k.endswith(("_ips", "_time"))}
-                logger.log_metrics(timing, step=trainer.global_step)
+                epoch_metrics = {k: v for k, v in row.items() if k.endswith(("_ips", "_time")) or k == "epoch"}
+                epoch_metrics["train.loss_epoch"] = row.get("train.loss")
+                logger.log_metrics(epoch_metrics, step=trainer.global_step)
             self.write()
 
     def summary(self) -> dict[str, Any]:

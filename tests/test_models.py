@@ -1,0 +1,93 @@
+"""Networks: published parameter counts, ResNet v1.5 topology, NVIDIA init, weights files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgcls.errors import CheckpointError
+from imgcls.models import build_network
+from imgcls.models.factory import count_parameters
+from tests.conftest import compose_config
+
+# Published parameter counts at 1,000 classes: the papers / torchvision model tables; SE-ResNeXt101-32x4d
+# from Hu et al.'s reference implementation (SE reduction C/16).
+PUBLISHED_PARAMS = {
+    "resnet18": 11_689_512,
+    "resnet34": 21_797_672,
+    "resnet50": 25_557_032,
+    "resnet101": 44_549_160,
+    "resnet152": 60_192_808,
+    "resnext101_32x4d": 44_177_704,
+    "se_resnext101_32x4d": 48_955_416,
+    "efficientnet_b0": 5_288_548,
+    "efficientnet_b1": 7_794_184,
+    "efficientnet_b2": 9_109_994,
+    "efficientnet_b3": 12_233_232,
+    "efficientnet_b4": 19_341_616,
+    "efficientnet_b5": 30_389_784,
+    "efficientnet_b6": 43_040_704,
+    "efficientnet_b7": 66_347_960,
+}
+
+
+@pytest.mark.parametrize("model,params", PUBLISHED_PARAMS.items())
+def test_parameter_count_matches_published(model: str, params: int) -> None:
+    net = build_network(compose_config([f"model={model}"]).model, num_classes=1000)
+    assert count_parameters(net) == params
+
+
+def model_cfg(*overrides: str):
+    return compose_config(["model=resnet50", *overrides]).model
+
+
+def test_resnet50_is_v1_5() -> None:
+    net = build_network(model_cfg(), num_classes=10)
+    block = net.layer2[0]
+    assert block.conv1.stride == (1, 1) and block.conv2.stride == (2, 2)  # stride in the 3x3 conv
+    assert block.conv2.kernel_size == (3, 3)
+
+
+@pytest.mark.parametrize("mode", ["fan_in", "fan_out"])
+def test_kaiming_conv_init(mode: str) -> None:
+    torch.manual_seed(0)
+    net = build_network(model_cfg(f"model.conv_init={mode}"), num_classes=10)
+    conv = net.layer3[0].conv1  # 1x1, 512 -> 256
+    fan = conv.in_channels if mode == "fan_in" else conv.out_channels
+    expected = (2.0 / fan) ** 0.5
+    assert conv.weight.std().item() == pytest.approx(expected, rel=0.05)
+
+
+def test_last_bn_zero_init_is_opt_in() -> None:
+    default = build_network(model_cfg(), num_classes=10)
+    assert torch.all(default.layer1[0].bn3.weight == 1)  # NVIDIA's default (timm would zero it)
+    zeroed = build_network(model_cfg("model.zero_init_last_bn=true"), num_classes=10)
+    assert torch.all(zeroed.layer1[0].bn3.weight == 0)
+    assert torch.all(zeroed.layer1[0].bn1.weight == 1)
+
+
+def test_efficientnet_batchnorm_and_dropout_as_published() -> None:
+    net = build_network(compose_config(["model=efficientnet_b4"]).model, num_classes=10)
+    bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and all(bn.momentum == 0.01 and bn.eps == 1e-3 for bn in bns)
+    assert net.drop_rate == 0.4
+    drop_paths = [m.drop_prob for m in net.modules() if type(m).__name__ == "DropPath"]
+    assert drop_paths and max(drop_paths) == pytest.approx(0.2, abs=0.01)
+
+
+def test_weights_file_initializes_and_replaces_a_head_of_another_size(tmp_path: Path) -> None:
+    source = build_network(model_cfg(), num_classes=1000)
+    path = tmp_path / "rn50.pt"
+    torch.save({f"module.{k}": v for k, v in source.state_dict().items()}, path)  # DDP-style prefix
+    net = build_network(model_cfg(f"model.weights={path}"), num_classes=7)
+    assert torch.equal(net.layer4[2].conv3.weight, source.layer4[2].conv3.weight)
+    assert net.fc.weight.shape == (7, 2048)
+
+
+def test_weights_of_another_architecture_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "b0.pt"
+    torch.save(build_network(compose_config(["model=efficientnet_b0"]).model, 10).state_dict(), path)
+    with pytest.raises(CheckpointError, match="does not fit model resnet50: .* missing"):
+        build_network(model_cfg(f"model.weights={path}"), num_classes=10)

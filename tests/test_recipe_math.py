@@ -1,0 +1,119 @@
+"""The recipe arithmetic: accumulation, LR scaling and schedule, parameter groups, mixup targets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from timm.data import Mixup
+
+from imgcls.errors import ConfigError
+from imgcls.models import build_network
+from imgcls.module import _ns
+from imgcls.optim import build_optimizer, build_scheduler, parameter_groups
+from imgcls.plan import accumulation_steps, fit_per_device, make_plan, scaled_lr, warmup_steps
+
+
+@pytest.mark.parametrize(
+    "global_batch,per_device,world,expected",
+    [(2048, 256, 8, 1), (4096, 256, 8, 2), (4096, 32, 8, 16), (1024, 64, 8, 2), (256, 32, 1, 8), (64, 32, 2, 1)],
+)
+def test_accumulation(global_batch: int, per_device: int, world: int, expected: int) -> None:
+    assert accumulation_steps(global_batch, per_device, world) == expected
+
+
+@pytest.mark.parametrize("global_batch,per_device,world", [(1000, 256, 1), (2048, 96, 8), (100, 64, 2)])
+def test_accumulation_that_does_not_divide_is_an_error(global_batch: int, per_device: int, world: int) -> None:
+    with pytest.raises(ConfigError, match=f"recipe.global_batch_size={global_batch} is not a multiple"):
+        accumulation_steps(global_batch, per_device, world)
+
+
+@pytest.mark.parametrize("per_device", [0, -8])
+def test_non_positive_batch_is_an_error(per_device: int) -> None:
+    with pytest.raises(ConfigError, match="must be a positive integer"):
+        accumulation_steps(256, per_device, 1)
+
+
+def test_fit_per_device_keeps_the_global_batch() -> None:
+    assert fit_per_device(112, 4096, 8) == 64  # RN50 FP32 DGX-1 row under the 4096 EfficientNet batch
+    assert fit_per_device(256, 2048, 8) == 256
+    assert fit_per_device(96, 1536, 16) == 96
+
+
+def test_lr_follows_the_global_batch() -> None:
+    assert scaled_lr(0.256, 2048) == pytest.approx(2.048)
+    assert scaled_lr(0.256, 896) == pytest.approx(0.896)
+    plan = make_plan(per_device_batch=128, global_batch=1024, world_size=8, lr_per_256=0.256, weight_decay=1 / 16384)
+    assert (plan.lr, plan.accumulation) == (pytest.approx(1.024), 1)
+
+
+def _lr_curve(total: int, warmup: int, base: float = 2.048, end: float = 0.0) -> list[float]:
+    net = torch.nn.Linear(2, 2)
+    opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.875, nesterov=False), base)
+    sched = build_scheduler(opt, total, warmup, end)
+    lrs = [opt.param_groups[0]["lr"]]
+    for step in range(1, total + 1):  # how ClassificationModule.lr_scheduler_step drives it
+        sched.step_update(num_updates=step)
+        lrs.append(opt.param_groups[0]["lr"])
+    return lrs
+
+
+def test_lr_at_step_zero_end_of_warmup_and_end() -> None:
+    # 90 epochs x 10 steps, 8 warmup epochs -> 80 warmup steps.
+    total, warmup = 900, warmup_steps(900, 90, 8)
+    assert warmup == 80
+    lrs = _lr_curve(total, warmup)
+    assert lrs[0] == 0.0  # linear warmup from zero
+    assert lrs[40] == pytest.approx(2.048 * 40 / 80)  # linear in steps, not per epoch
+    assert lrs[80] == pytest.approx(2.048)  # peak at the end of warmup
+    mid = 80 + (900 - 80) // 2
+    assert lrs[mid] == pytest.approx(2.048 * 0.5 * (1 + math.cos(math.pi * (mid - 80) / 820)), rel=1e-6)
+    assert lrs[900] == pytest.approx(0.0, abs=1e-9)  # cosine reaches end_lr at the last step
+    assert all(b <= a + 1e-12 for a, b in zip(lrs[80:], lrs[81:]))  # monotone decay after warmup
+
+
+def test_lr_schedule_changes_every_step_not_every_epoch() -> None:
+    lrs = _lr_curve(100, 10)
+    assert len(set(round(x, 12) for x in lrs[10:20])) == 10
+
+
+def test_no_weight_decay_on_any_norm_parameter_or_bias() -> None:
+    net = build_network(_ns(arch="resnet50", drop_rate=0.0, drop_path_rate=0.0, conv_init="fan_in",
+                            zero_init_last_bn=False), num_classes=10)
+    groups = parameter_groups(net, weight_decay=1 / 32768)
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    names = {id(p): n for n, p in net.named_parameters()}
+    decayed_names = {names[i] for i in decayed}
+    # The downsample BN is `layer1.0.downsample.1` -- NVIDIA's `"bn" in name` test decayed it.
+    assert "layer1.0.downsample.1.weight" not in decayed_names
+    assert "layer1.0.downsample.0.weight" in decayed_names  # the downsample conv is decayed
+    for module_name, module in net.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            assert f"{module_name}.weight" not in decayed_names and f"{module_name}.bias" not in decayed_names
+    assert "fc.bias" not in decayed_names and "fc.weight" in decayed_names
+    assert all(names[i].endswith("weight") and p.ndim > 1 for g in groups for p in g["params"]
+               if g["weight_decay"] > 0 for i in [id(p)])
+    assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in net.parameters())
+
+
+def test_norm_bias_weight_decay_switch_decays_everything() -> None:
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    groups = parameter_groups(net, 0.1, norm_bias_weight_decay=True)
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
+
+
+def test_mixup_targets_are_smoothed_convex_combinations() -> None:
+    torch.manual_seed(0)
+    mixup = Mixup(mixup_alpha=0.2, label_smoothing=0.1, num_classes=10, mode="batch")
+    images = torch.randn(8, 3, 4, 4)
+    labels = torch.arange(8)
+    mixed, targets = mixup(images.clone(), labels)
+    assert targets.shape == (8, 10)
+    assert torch.allclose(targets.sum(1), torch.ones(8))
+    off = 0.1 / 10
+    lam = (targets[0, 0] - off) / (1 - 0.1)  # sample 0's own label weight
+    # partner of sample i is the flipped batch (7 - i); images mixed with the same lambda
+    assert torch.allclose(mixed[0], lam * images[0] + (1 - lam) * images[7], atol=1e-5)
+    assert targets[0, 7] == pytest.approx(float((1 - lam) * 0.9 + off), abs=1e-5)
+    assert targets.min() >= off - 1e-6
