@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install train test lint bench clean
+.PHONY: install train test lint bench bench-data clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,19 @@ test: $(STAMP)    ## the test suite (CPU only; GPU tests skip without CUDA)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests train.py evaluate.py
+
+# Input-pipeline throughput (docs/data-backends.md). Any folder of class folders of JPEGs works:
+#   make bench-data BENCH_ROOT=/data/imagenet CORES=8 IMAGE_SIZE=224
+CACHE      ?= $(or $(IMGCLS_CACHE),$(HOME)/.cache/imgcls)
+BENCH_ROOT ?= $(CACHE)/imagenet-samples
+CORES      ?= 2
+IMAGE_SIZE ?= 224
+
+$(CACHE)/imagenet-samples:   # the shared 500 ImageNet photos, extracted outside the repository
+	mkdir -p $(CACHE) && tar xzf ../shared/datasets/imagenet-samples-500.tar.gz -C $(CACHE)
+
+bench-data: $(STAMP) $(BENCH_ROOT)  ## img/s of torchvision vs dali_cpu vs the JPEG decode ceiling
+	$(PY) -m imgcls.bench.data data.root=$(BENCH_ROOT) cores=$(CORES) image_size=$(IMAGE_SIZE) $(ARGS)
 
 clean:
 	rm -rf outputs .pytest_cache

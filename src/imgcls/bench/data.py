@@ -1,0 +1,275 @@
+"""`python -m imgcls.bench.data data.root=DIR [cores=2] [image_size=224] ...`: input-pipeline throughput.
+
+Times the train pipeline (decode, random-resized crop, flip, normalize) of each data backend on the same
+JPEG files and the same CPU cores (the process and its workers are pinned to the first `cores` cores),
+next to the decode-only ceiling: a plain libjpeg-turbo full decode of the same files (PIL, one process
+per core). Prints one table of images/s with ratios to torchvision and to that ceiling, measured two
+ways: wall-clock images/s (the best of the repeats) and images per CPU-second times the cores (see
+cpu_seconds: robust to other jobs on a shared machine).
+
+Rows:
+- decode ceiling: PIL `Image.open().convert("RGB")`, full decode, `cores` processes.
+- torchvision: this project's torchvision backend (ImageFolder + timm transforms, DataLoader with
+  `cores` workers, 1 torch thread each).
+- dali_cpu bare: NVIDIA's PyTorch DALI train pipeline (full decode, random_resized_crop, CMN), for
+  reference; not a backend of this project.
+- dali_cpu: this project's backend (ROI decode of the crop window only, resize, CMN).
+
+Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
+as imagenet-samples/<wnid>/*.JPEG), cores (2), image_size (224), batch_size (64), images (all: at most
+this many files, spread over the classes), seconds (8: timed seconds per row and repeat), repeats (3:
+the best repeat is reported, since a shared machine only ever slows a run down), backends (all).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from imgcls.errors import ConfigError, UserError
+
+DEFAULTS: dict[str, Any] = {
+    "data.root": None,
+    "cores": 2,
+    "image_size": 224,
+    "batch_size": 64,
+    "images": None,
+    "seconds": 8.0,
+    "repeats": 3,
+    "backends": "decode,torchvision,dali_cpu_bare,dali_cpu",
+}
+ROWS = {
+    "decode": "decode ceiling (PIL/libjpeg-turbo full decode)",
+    "torchvision": "torchvision DataLoader",
+    "dali_cpu_bare": "dali_cpu bare (full decode + RRC, NVIDIA)",
+    "dali_cpu": "dali_cpu (ROI decode, this backend)",
+}
+
+
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    args = dict(DEFAULTS)
+    for item in argv:
+        key, sep, value = item.partition("=")
+        if not sep or key not in DEFAULTS:
+            raise ConfigError(f"unknown argument {item!r}; allowed: {', '.join(k + '=...' for k in DEFAULTS)}")
+        args[key] = value
+    if not args["data.root"]:
+        raise ConfigError("data.root is not set; pass data.root=/path/to/jpegs (class folders of JPEG files)")
+    for key in ("cores", "image_size", "batch_size", "repeats") + (("images",) if args["images"] else ()):
+        args[key] = int(args[key])
+    args["seconds"] = float(args["seconds"])
+    unknown = set(args["backends"].split(",")) - set(ROWS)
+    if unknown:
+        raise ConfigError(f"backends={args['backends']}: unknown {sorted(unknown)}; allowed: {', '.join(ROWS)}")
+    if not 1 <= args["cores"] <= len(os.sched_getaffinity(0)):
+        raise ConfigError(f"cores={args['cores']} must be between 1 and this machine's {len(os.sched_getaffinity(0))}")
+    return args
+
+
+def class_folders(root: Path) -> Path:
+    """ROOT/train when it exists (an ImageFolder dataset), else ROOT itself (class folders of JPEGs)."""
+    root = Path(root).expanduser()
+    if (root / "train").is_dir():
+        root = root / "train"
+    if not root.is_dir() or not any(p.is_dir() for p in root.iterdir()):
+        raise ConfigError(f"data.root={root} has no class folders of JPEG files")
+    return root
+
+
+def link_dataset(source: Path, limit: int | None, workdir: Path) -> tuple[Path, list[Path]]:
+    """WORKDIR/{train,val}/<class>/ symlinks to at most LIMIT files of SOURCE, spread over the classes,
+    so that every backend reads the very same files through its normal ImageFolder path."""
+    files = sorted(p for p in source.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    if not files:
+        raise ConfigError(f"data.root={source} has no .jpg/.jpeg files")
+    if limit and limit < len(files):
+        files = [files[i * len(files) // limit] for i in range(limit)]
+    for split in ("train", "val"):
+        for f in files:
+            link = workdir / split / f.parent.name / f.name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(f.resolve())
+    return workdir, files
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live descendants (DataLoader / pool workers).
+
+    The second measure of every row: images per CPU-second, times the cores, is what the pipeline would
+    deliver with the cores to itself. On a shared machine wall-clock rates move with other people's jobs.
+    """
+    pids, seen = [os.getpid()], set()
+    total = 0
+    while pids:
+        pid = pids.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pids += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a worker that just exited
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _decode(paths: list[Path]) -> int:
+    from PIL import Image
+
+    for path in paths:
+        with Image.open(path) as image:
+            image.convert("RGB")
+    return len(paths)
+
+
+Rate = tuple[float, float]  # (images per wall second, images per CPU-second x cores)
+
+
+def bench_decode(files: list[Path], cores: int, seconds: float) -> Rate:
+    with ProcessPoolExecutor(cores) as pool:
+        list(pool.map(_decode, [files[i :: cores * 4][:8] for i in range(cores)]))  # start the workers
+        chunks = [files[i :: cores * 4] for i in range(cores * 4)]
+        count, start, cpu = 0, time.perf_counter(), cpu_seconds()
+        while time.perf_counter() - start < seconds:
+            count += sum(pool.map(_decode, chunks))
+        return count / (time.perf_counter() - start), count / (cpu_seconds() - cpu) * cores
+
+
+def time_batches(batches: Callable[[], Iterable[Any]], seconds: float, cores: int, warmup: int = 3) -> Rate:
+    """Images/s over passes of the loader until SECONDS have passed (after WARMUP batches)."""
+    count, start, cpu = 0, None, 0.0
+    while start is None or time.perf_counter() - start < seconds:
+        for images, *_ in batches():
+            if start is None:
+                warmup -= 1
+                if warmup <= 0:
+                    start, cpu = time.perf_counter(), cpu_seconds()
+                continue
+            count += len(images)
+            if time.perf_counter() - start >= seconds:
+                break
+    return count / (time.perf_counter() - start), count / (cpu_seconds() - cpu) * cores
+
+
+def data_config(root: Path, args: dict[str, Any], backend: str) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    from imgcls.cli import CONF_DIR
+
+    overrides = [
+        "data=folder", f"data.root={root}", f"data.backend={backend}", f"model.image_size={args['image_size']}",
+        f"data.num_workers={args['cores']}", "data.pin_memory=false", "hardware=cpu", "model=resnet50",
+    ]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides).data
+
+
+def bare_dali(files: list[Path], args: dict[str, Any]) -> Any:
+    """NVIDIA's HybridTrainPipe on CPU (IC/dataloaders.py, in the fn API): full decode, then crop."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def
+    def pipe() -> Any:
+        jpegs, labels = fn.readers.file(files=[str(f) for f in files], random_shuffle=True, name="Reader")
+        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        size = args["image_size"]
+        images = fn.random_resized_crop(
+            images, size=[size, size], random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3], num_attempts=100,
+            antialias=False,
+        )  # fmt: skip
+        mean, std = [0.485 * 255, 0.456 * 255, 0.406 * 255], [0.229 * 255, 0.224 * 255, 0.225 * 255]
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, mirror=fn.random.coin_flip()
+        )
+        return images, labels
+
+    built = pipe(batch_size=args["batch_size"], num_threads=args["cores"], device_id=None, seed=1)
+    iterator = DALIGenericIterator(
+        built, ["data", "label"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
+    return lambda: ((batch[0]["data"],) for batch in iterator)
+
+
+def run(args: dict[str, Any]) -> list[tuple[str, Rate]]:
+    import torch
+
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args["cores"]]))  # children inherit it
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="imgcls-bench-") as tmp:
+        root, files = link_dataset(class_folders(args["data.root"]), args["images"], Path(tmp))
+        print(f"{len(files)} JPEG files from {args['data.root']}, {args['cores']} cores, {args['image_size']} px")
+        makers: dict[str, Callable[[], Any]] = {}
+        chosen = args["backends"].split(",")
+        if "torchvision" in chosen:
+
+            def torchvision_rows() -> Any:
+                from imgcls.data.backends import make_backend
+
+                cfg = data_config(root, args, "torchvision")
+                loader = make_backend(cfg).loader("train", args["batch_size"], 0, 1, seed=0)
+                return lambda: loader
+
+            makers["torchvision"] = torchvision_rows
+        if "dali_cpu_bare" in chosen:
+            makers["dali_cpu_bare"] = lambda: bare_dali(files, args)
+        if "dali_cpu" in chosen:
+
+            def dali_rows() -> Any:
+                from imgcls.data.backends import make_backend
+
+                loader = make_backend(data_config(root, args, "dali_cpu")).loader("train", args["batch_size"], 0, 1, 0)
+                return lambda: loader
+
+            makers["dali_cpu"] = dali_rows
+        loaders = {name: make() for name, make in makers.items()}
+        best: dict[str, Rate] = {}
+        for repeat in range(args["repeats"]):  # rows interleaved, so that background load hits them alike
+            if "decode" in chosen:
+                rate = bench_decode(files, args["cores"], args["seconds"])
+                best["decode"] = tuple(map(max, best.get("decode", (0.0, 0.0)), rate))  # type: ignore[assignment]
+            for name, batches in loaders.items():
+                rate = time_batches(batches, args["seconds"], args["cores"])
+                best[name] = tuple(map(max, best.get(name, (0.0, 0.0)), rate))  # type: ignore[assignment]
+            summary = ", ".join(f"{k} {wall:.0f} ({cpu:.0f}/cpu)" for k, (wall, cpu) in best.items())
+            print(f"repeat {repeat + 1}, best so far: {summary}", flush=True)
+        return [(name, best[name]) for name in ROWS if name in best]
+
+
+def table(rows: list[tuple[str, Rate]], cores: int) -> str:
+    """Both measures, each with its ratios to torchvision and to the decode ceiling."""
+    values = dict(rows)
+    lines = [
+        f"| pipeline | img/s (wall) | vs torchvision | vs decode ceiling | img/CPU-s x {cores} | vs torchvision "
+        "| vs decode ceiling |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, rate in rows:
+        cells = [ROWS[name]]
+        for i in (0, 1):
+            cells.append(f"{rate[i]:.0f}")
+            for ref in ("torchvision", "decode"):
+                cells.append(f"{rate[i] / values[ref][i]:.2f}x" if ref in values else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        print(table(run(args), args["cores"]))
+    except UserError as exc:
+        print(f"imgcls: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()
