@@ -16,6 +16,7 @@ from typing import Any
 import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from imgcls.errors import UserError
 
@@ -58,6 +59,8 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         return fn(cfg)
     except UserError as exc:
         fail(str(exc), exc.exit_code)
+    except MissingMandatoryValue as exc:
+        fail(f"{exc.full_key} must be set (e.g. {exc.full_key}=...)")
     finally:
         _finish_wandb()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -36,6 +37,9 @@ def world_size_of(trainer_cfg: Any, check_devices: bool = True) -> int:
         count = int(devices)
     if count <= 0:
         raise ConfigError(f"trainer.devices={devices} must be a positive number of devices")
+    cores = os.cpu_count() or 1
+    if accelerator == "cpu" and check_devices and count > cores:
+        raise ConfigError(f"trainer.devices={count} CPU processes but this machine has {cores} cores")
     return count * nodes
 
 

@@ -52,6 +52,27 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
     )
 
 
+def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:
+    """Refuse, in one line, a checkpoint of another architecture or class list before Lightning
+    fails deep inside load_state_dict."""
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
+    try:  # mmap: only the small metadata is read, not the tensors
+        meta = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("imgcls")
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not a readable checkpoint ({type(exc).__name__})") from None
+    if not meta:
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not an imgcls training checkpoint")
+    if meta["arch"] != arch:
+        raise CheckpointError(f"ckpt_path={ckpt_path} is for model {meta['arch']}, not {arch}; pass model=... to match")
+    if list(meta["classes"]) != list(classes):
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} was trained on {len(meta['classes'])} classes that differ from data.root's "
+            f"{len(classes)}; to fine-tune on new classes use model.weights={ckpt_path} instead"
+        )
+
+
 def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], loggers: list[Any]) -> L.Trainer:
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision, plugins = resolve_precision(cfg.precision, str(trainer_args["accelerator"]))
@@ -83,10 +104,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     plan = resolve_plan(cfg)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
-    if ckpt_path is not None and not Path(ckpt_path).is_file():
-        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
-
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
+    if ckpt_path is not None:
+        check_resumable(ckpt_path, str(cfg.model.arch), datamodule.classes)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     module = ClassificationModule(
         model=resolved["model"],

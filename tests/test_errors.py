@@ -1,0 +1,147 @@
+"""Bad input: one clear line naming the key, the value and what is allowed; exit code 2; no traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from imgcls.cli import guarded
+from imgcls.train import run
+from tests.conftest import compose_config, make_image_folder, run_cli, tiny_overrides
+
+
+class InProcess:
+    """The same path as the CLI (imgcls.cli.guarded around imgcls.train.run), without paying for a
+    fresh interpreter per case: a SystemExit code and the captured stderr."""
+
+    def __init__(self, returncode: int, stderr: str) -> None:
+        self.returncode, self.stderr = returncode, stderr
+
+
+def train_in_process(capsys: pytest.CaptureFixture, overrides: list[str], tmp_path: Path) -> InProcess:
+    with pytest.raises(SystemExit) as exit_info:
+        guarded(run, compose_config(overrides, run_dir=tmp_path / "run"))
+    return InProcess(exit_info.value.code, capsys.readouterr().err)
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-1500:])
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("imgcls: error:")]
+    assert len(errors) == 1, result.stderr[-1500:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.parametrize(
+    "override,allowed",
+    [
+        ("model=resnet51", "resnet50"),
+        ("precision=fp16", "amp, bf16, fp32, tf32"),
+        ("hardware=dgx3", "dgx1v, dgx1v_32g, dgx2v, dgxa100"),
+        ("recipe=100e", "250e, 50e, 90e, efficientnet"),
+        ("data=cifar", "demo, folder, imagenet, synthetic"),
+    ],
+)
+def test_unknown_group_choice(override: str, allowed: str) -> None:
+    result = run_cli("train.py", override)
+    assert_one_line_error(result, override, "allowed:", allowed)
+
+
+def test_unknown_choice_inside_a_sweep() -> None:
+    assert_one_line_error(run_cli("train.py", "-m", "model=resnet50,resnet5O"), "model=resnet5O")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("data"), classes=2, train_per_class=4, val_per_class=2)
+
+
+def train_args(root: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return tiny_overrides(root, *extra)
+
+
+def cli_args(root: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [*tiny_overrides(root, *extra), f"hydra.run.dir={tmp_path / 'run'}"]
+
+
+def test_missing_data_root(tmp_path: Path) -> None:
+    result = run_cli("train.py", "data=folder", "hardware=cpu", f"hydra.run.dir={tmp_path}")
+    assert_one_line_error(result, "data.root must be set")
+
+
+def test_data_root_that_does_not_exist(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    result = train_in_process(capsys, train_args(tmp_path / "nowhere", tmp_path), tmp_path)
+    assert_one_line_error(result, f"data.root={tmp_path / 'nowhere'} does not exist")
+
+
+def test_split_without_class_folders(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    (tmp_path / "empty" / "val").mkdir(parents=True)
+    result = train_in_process(capsys, train_args(tmp_path / "empty", tmp_path), tmp_path)
+    assert_one_line_error(result, "has no class folders", "<class>")
+
+
+def test_root_without_a_val_split(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path) -> None:
+    root = tmp_path / "noval"
+    shutil.copytree(folder / "train", root / "train")
+    assert_one_line_error(train_in_process(capsys, train_args(root, tmp_path), tmp_path), "has no 'val' folder")
+
+
+def test_val_classes_that_differ_from_train(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path) -> None:
+    root = tmp_path / "mismatch"
+    shutil.copytree(folder, root)
+    (root / "val" / "class_1").rename(root / "val" / "class_9")
+    result = train_in_process(capsys, train_args(root, tmp_path), tmp_path)
+    assert_one_line_error(result, "val classes differ from train classes", "class_9")
+
+
+@pytest.mark.parametrize("batch", ["0", "-4"])
+def test_non_positive_batch_size(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path, batch: str) -> None:
+    result = train_in_process(capsys, train_args(folder, tmp_path, f"data.batch_size={batch}"), tmp_path)
+    assert_one_line_error(result, f"data.batch_size={batch} must be a positive integer")
+
+
+def test_global_batch_not_divisible_by_per_device_batch(
+    capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path
+) -> None:
+    result = train_in_process(
+        capsys, train_args(folder, tmp_path, "data.batch_size=6", "recipe.global_batch_size=16"), tmp_path
+    )
+    assert_one_line_error(result, "recipe.global_batch_size=16 is not a multiple", "6 x 1 = 6")
+
+
+def test_gpu_hardware_profile_on_a_cpu_machine(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path) -> None:
+    result = train_in_process(capsys, train_args(folder, tmp_path, "hardware=dgxa100"), tmp_path)
+    assert_one_line_error(result, "no CUDA GPU", "hardware=cpu")
+
+
+def test_more_cpu_processes_than_cores(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path) -> None:
+    result = train_in_process(capsys, train_args(folder, tmp_path, "trainer.devices=64"), tmp_path)
+    assert_one_line_error(result, "trainer.devices=64", "cores")
+
+
+def test_unknown_backend(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path) -> None:
+    result = train_in_process(capsys, train_args(folder, tmp_path, "data.backend=ffcv"), tmp_path)
+    assert_one_line_error(result, "data.backend=ffcv", "torchvision")
+
+
+def test_resume_from_a_checkpoint_of_another_architecture(tmp_path: Path, folder: Path) -> None:
+    first = run_cli("train.py", *cli_args(folder, tmp_path, "recipe.epochs=1"))
+    assert first.returncode == 0, first.stderr[-1500:]
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    other = run_cli("train.py", *cli_args(folder, tmp_path, "model=resnet34", f"ckpt_path={ckpt}"))
+    assert_one_line_error(other, "is for model resnet18, not resnet34")
+    three = make_image_folder(tmp_path / "three", classes=3, train_per_class=4, val_per_class=2)
+    classes = run_cli("train.py", *cli_args(three, tmp_path, f"ckpt_path={ckpt}"))
+    assert_one_line_error(classes, "trained on 2 classes", "model.weights=")
+    assert ckpt.stat().st_size > 0  # nothing lost
+
+
+def test_checkpoint_path_that_is_not_a_checkpoint(capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path) -> None:
+    bogus = tmp_path / "notes.ckpt"
+    bogus.write_text("not a checkpoint")
+    result = train_in_process(capsys, train_args(folder, tmp_path, f"ckpt_path={bogus}"), tmp_path)
+    assert_one_line_error(result, "is not a readable checkpoint")
