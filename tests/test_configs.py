@@ -182,3 +182,14 @@ def test_every_config_value_names_its_source() -> None:
 def test_imagenet_root_comes_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("IMAGENET_DIR", str(tmp_path))
     assert compose_config(["data=imagenet"]).data.root == str(tmp_path)
+
+
+@pytest.mark.parametrize("name", [n for n in options("experiment") if n != "demo"])
+def test_published_experiments_compose_with_their_expected_result(name: str) -> None:
+    model, rest = next((m, name[len(m) + 1 :]) for m in MODELS if name.startswith(m + "_"))
+    hardware, precision, epochs = rest.split("_")
+    cfg = compose_config([f"experiment={name}"])
+    assert (cfg.model.name, cfg.hardware.name, cfg.precision.name) == (model, hardware, precision)
+    assert cfg.recipe.epochs == int(epochs.rstrip("e"))
+    assert 70 < cfg.expected.top1 < 90 and cfg.expected.top1_std < 1
+    resolve_plan(cfg, check_devices=False)
