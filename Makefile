@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install train test lint bench bench-data clean
+.PHONY: install train test lint bench bench-data docker clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,15 @@ $(CACHE)/imagenet-samples:   # the shared 500 ImageNet photos, extracted outside
 
 bench-data: $(STAMP) $(BENCH_ROOT)  ## img/s of torchvision vs dali_cpu vs the JPEG decode ceiling
 	$(PY) -m imgcls.bench.data data.root=$(BENCH_ROOT) cores=$(CORES) image_size=$(IMAGE_SIZE) $(ARGS)
+
+# Images (docs/distributed.md "Docker"): GPU servers on NVIDIA's PyTorch container, CPU on python-slim.
+#   make docker IMAGE=registry/imgcls NGC_TAG=25.10-py3
+IMAGE   ?= imgcls
+NGC_TAG ?= 25.10-py3
+
+docker:   ## build $(IMAGE):gpu and $(IMAGE):cpu (needs a Docker engine)
+	docker build -f docker/Dockerfile --build-arg NGC_TAG=$(NGC_TAG) -t $(IMAGE):gpu .
+	docker build -f docker/Dockerfile.cpu -t $(IMAGE):cpu .
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -14,14 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from imgcls.errors import UserError
+from imgcls.rundir import launch_overrides, task_name
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
-GROUPS = ("model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment")
+GROUPS = (
+    "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment", "hparams_search"
+)
 log = logging.getLogger("imgcls")
 
 
@@ -53,16 +58,54 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+# (line, exit code) per multirun job that ended with a user error; train_main exits with the highest code.
+SWEEP_FAILURES: list[tuple[str, int]] = []
+
+
 def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """Run fn; a UserError becomes one line on stderr and exit code 2, never a traceback."""
+    """Run fn; a UserError becomes one line on stderr and exit code 2, never a traceback.
+
+    In a multirun (-m) the job instead logs that line and returns None (a failed status: Optuna marks
+    the trial failed), so that the next job still runs; after the sweep train_main exits with the highest
+    exit code of the failed jobs (2 input, 3 training, 4 storage), 0 if none failed."""
     try:
         return fn(cfg)
-    except UserError as exc:
-        fail(str(exc), exc.exit_code)
-    except MissingMandatoryValue as exc:
-        fail(f"{exc.full_key} must be set (e.g. {exc.full_key}=...)")
+    except (UserError, MissingMandatoryValue) as exc:
+        if isinstance(exc, UserError):
+            message, code = str(exc), exc.exit_code
+        else:
+            message, code = f"{exc.full_key} must be set (e.g. {exc.full_key}=...)", 2
+        if not _in_multirun():
+            fail(message, code)
+        job = f"job {HydraConfig.get().job.num} ({','.join(HydraConfig.get().overrides.task)})"
+        log.error("%s failed: %s", job, message)
+        SWEEP_FAILURES.append((f"{job}: {message}", code))
+        return None
     finally:
         _finish_wandb()
+
+
+def _in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def refuse_in_process_ddp_sweep(cfg: DictConfig) -> None:
+    """Hydra multirun x DDP spawned by Lightning inside the sweep process is not supported (Lightning
+    removed it in 1.8 because processes hung; its children would re-run the whole sweep). A launcher that
+    starts each job as its own cluster job (submitit) is fine."""
+    if not _in_multirun() or "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
+        return
+    from imgcls.runtime import world_size_of
+
+    try:
+        world_size = world_size_of(cfg.trainer, check_devices=False)
+    except UserError:
+        return  # the job itself reports the bad value
+    if world_size > 1:
+        fail(
+            f"a multirun (-m) cannot start {world_size} DDP processes per job itself; sweep multi-GPU jobs with "
+            "hydra/launcher=slurm, or launch each job as its own torchrun/srun run (docs/distributed.md)"
+        )
 
 
 def _finish_wandb() -> None:
@@ -87,6 +130,7 @@ register_resolvers()
 def _train(cfg: DictConfig) -> Any:
     from imgcls.train import run
 
+    refuse_in_process_ddp_sweep(cfg)
     summary = guarded(run, cfg)
     return (summary or {}).get("val.top1")
 
@@ -118,7 +162,14 @@ def _export(cfg: DictConfig) -> Any:
 def train_main() -> None:
     check_group_choices(sys.argv[1:])
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    try:  # torchrun/srun: one run dir for all ranks, Hydra's files from rank 0 only (rundir.py)
+        sys.argv += launch_overrides(sys.argv[1:], task_name(sys.argv[1:], "train"))
+    except UserError as exc:
+        fail(str(exc), exc.exit_code)
     _train()
+    if SWEEP_FAILURES:
+        lines = [line for line, _ in SWEEP_FAILURES]
+        fail(f"{len(lines)} sweep job(s) failed: " + "; ".join(lines), max(code for _, code in SWEEP_FAILURES))
 
 
 def evaluate_main() -> None:

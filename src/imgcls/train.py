@@ -15,9 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 from imgcls.callbacks.checkpoint import checkpoint_callbacks, resolve_ckpt_path
 from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.resilience import BadImageReport, FiniteLoss, Preemption, RNGState
+from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.checkpoint_io import AtomicCheckpointIO, check_writable
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.errors import CheckpointError
+from imgcls.errors import CheckpointError, ConfigError
 from imgcls.loggers import build_loggers, close_loggers
 from imgcls.module import ClassificationModule
 from imgcls.plan import RunPlan, fit_per_device, lookup_batch, make_plan
@@ -84,6 +85,8 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
     if plan.world_size > 1:
         # find_unused_parameters stays off: every parameter of a classifier gets a gradient.
         trainer_args.setdefault("strategy", "ddp")
+        if trainer_args.get("sync_batchnorm") and trainer_args["accelerator"] == "cpu":
+            raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only)")
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see checkpoint_io.py)
     if SLURMEnvironment.detect():  # preemption: SIGUSR1 -> hpc checkpoint + scontrol requeue (Lightning)
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
@@ -139,6 +142,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         FiniteLoss(last),
         Preemption(last, slurm_requeue=SLURMEnvironment.detect()),
         *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir),
+        *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
     ]
     bar = progress_bar(cfg.callbacks.get("progress_bar"))
     if bar is not None:

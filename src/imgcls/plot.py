@@ -1,0 +1,91 @@
+"""PNG charts of one or more runs from their report.json, without W&B.
+
+    python -m imgcls.plot RUN_DIR [RUN_DIR ...] [--out DIR]
+
+Writes loss.png (train and val), accuracy.png (val top-1 and top-5), lr.png and throughput.png
+(train and val img/s) per epoch, every run overlaid in its own colour. Default output: RUN_DIR/plots
+for one run, ./plots for several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend choice
+
+# chart file -> (title, y label, [(report key, line style)])
+CHARTS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
+    "loss": ("Loss", "loss", [("train.loss", "-"), ("val.loss", "--")]),
+    "accuracy": ("Validation accuracy", "%", [("val.top1", "-"), ("val.top5", "--")]),
+    "lr": ("Learning rate (end of epoch)", "lr", [("train.lr", "-")]),
+    "throughput": ("Throughput", "img/s", [("train.total_ips", "-"), ("val.total_ips", "--")]),
+}
+
+
+def load_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "report.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no report.json (is it a run dir of train.py?)")
+    return list(json.loads(path.read_text()).get("epochs", []))
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """The dir names, or longer paths where names repeat (sweep jobs 0, 1 of two sweeps)."""
+    names = [p.name for p in run_dirs]
+    if len(set(names)) == len(names):
+        return names
+    return [str(p) for p in run_dirs]
+
+
+def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    runs = [(label, load_rows(p)) for label, p in zip(run_labels(run_dirs), run_dirs)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    written = []
+    for name, (title, ylabel, series) in CHARTS.items():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, (label, rows) in enumerate(runs):
+            for key, style in series:
+                points = [(r["epoch"], r[key]) for r in rows if r.get(key) is not None]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, style, marker="o", markersize=3, color=colours[i % len(colours)],
+                            label=f"{label} {key}" if len(runs) > 1 else key)  # fmt: skip
+        if name == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+        ax.set(title=title, xlabel="epoch", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize="small")
+        path = out_dir / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m imgcls.plot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--out", type=Path, default=None, help="output dir (default: RUN_DIR/plots or ./plots)")
+    args = parser.parse_args(argv)
+    out = args.out or (args.run_dirs[0] / "plots" if len(args.run_dirs) == 1 else Path("plots"))
+    try:
+        written = plot_runs(args.run_dirs, out)
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        print(f"imgcls: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""One run dir for all ranks, fixed before Hydra starts (design notes: "One run dir for all ranks").
+
+Lightning's own launcher re-executes ranks >= 1 with rank 0's `hydra.run.dir` and
+`hydra.output_subdir=null`. torchrun and srun start every process themselves, so each would resolve
+`${now:}` on its own clock and make its own dir. The entry point therefore derives the dir from the
+launch's id (the same string on every rank and node) and keeps ranks other than 0 from writing Hydra's
+files. Hand-written because neither Hydra nor Lightning does this for external launchers (hydra #2070).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from imgcls.errors import ConfigError
+
+# Keeps ranks > 0 from writing .hydra/ and the log file (console logging stays).
+QUIET_RANK_OVERRIDES = (
+    "hydra.output_subdir=null",
+    "hydra.job_logging.root.handlers=[console]",
+    "~hydra.job_logging.handlers.file",
+)
+
+
+def is_rank_zero(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is global rank 0 as the launcher announced it, before any process group exists.
+
+    The variables Lightning's cluster environments read: RANK (torchrun), SLURM_PROCID (srun), and
+    NODE_RANK/LOCAL_RANK for Lightning's own launcher (its children have LOCAL_RANK >= 1)."""
+    env = os.environ if env is None else env
+    for key in ("RANK", "SLURM_PROCID"):
+        if env.get(key, "").isdigit():
+            return int(env[key]) == 0
+    return int(env.get("NODE_RANK") or 0) == 0 and int(env.get("LOCAL_RANK") or 0) == 0
+
+
+def launch_id(env: Mapping[str, str] | None = None) -> str | None:
+    """The id shared by every process of an external multi-process launch, or None if not launched so.
+
+    torchrun: its rendezvous id (`--rdzv-id`, a fresh uuid with `--standalone`); srun with several
+    tasks: the SLURM job id, which a requeued job keeps, so that `ckpt_path=last` finds its checkpoints."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE") or 1) > 1:
+        run_id = env["TORCHELASTIC_RUN_ID"]
+        if run_id == "none":  # torchrun's default static rendezvous has no id at all
+            raise ConfigError(
+                "under torchrun the ranks need a shared run dir: pass hydra.run.dir=DIR, or give torchrun "
+                "--rdzv-id=ID (or --standalone on one node)"
+            )
+        return run_id
+    if env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS") or 1) > 1:
+        return env["SLURM_JOB_ID"]
+    return None
+
+
+def launch_overrides(argv: Sequence[str], task: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Hydra overrides to append to argv: the shared run dir, and quiet Hydra on ranks other than 0."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return []  # a sweep's jobs get their dirs from hydra.sweep.dir, composed once by the launcher
+    extra: list[str] = []
+    run_id = None if any(a.startswith("hydra.run.dir=") for a in argv) else launch_id(env)
+    if run_id is not None:
+        extra.append(f"hydra.run.dir=outputs/{task}/{run_id}")
+    if not is_rank_zero(env):  # Lightning's children already carry hydra.output_subdir=null
+        extra.extend(o for o in QUIET_RANK_OVERRIDES if o not in argv)
+    return extra
+
+
+def task_name(argv: Sequence[str], default: str) -> str:
+    return next((a.split("=", 1)[1] for a in argv if a.startswith("task_name=")), default)

@@ -1,0 +1,259 @@
+"""Multi-process training on CPU with gloo: Lightning's own launcher, a 2-node torchrun launch on one
+machine, one shared run dir written by rank 0 only, DDP equivalent to one process, exact validation,
+per-rank seeds and bitwise-reproducible CPU runs.
+
+The 2-process dali_cpu run (distinct shards, unpadded validation equal to one process) is in
+tests/test_dali.py (ddp_run); it is not repeated here.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgcls.rundir import QUIET_RANK_OVERRIDES, launch_overrides
+from imgcls.train import run
+from tests.conftest import ROOT, compose_config, make_image_folder, read_report, tiny_overrides
+
+TIMEOUT = 900  # generous: the machine's cores are shared with other test runs
+
+# Deterministic training (the equivalence needs it): no random crop, flip, mixup or dropout; data
+# order comes from the sampler's (seed, epoch) shuffle, the same for any number of ranks. Global batch
+# 16 with accumulation 2 in both runs: 1 process x 8 per device, or 2 processes x 4 per device. Each
+# epoch is one optimizer step (limit_train_batches = 2 micro-batches), so report.json's per-epoch
+# train.loss, which ReportCallback averages over all ranks, is the per-step loss curve of the global
+# batch. (RUN_DIR/csv/metrics.csv holds rank 0's shard loss per step, which differs by construction.)
+# Normalization: BatchNorm's batch statistics depend on the per-device batch, and torch's SyncBatchNorm
+# (trainer.sync_batchnorm=true) is CUDA-only, so these CPU runs use timm's convnext_atto, whose LayerNorm
+# normalizes each sample on its own. The BN models' 2-process path is covered by tests/test_dali.py.
+EPOCHS = 6
+
+
+def deterministic(folder: Path, *extra: str) -> list[str]:
+    return tiny_overrides(
+        folder,
+        "model.arch=convnext_atto", "data.hflip=0", "data.train_crop_scale=[1,1]", "data.train_crop_ratio=[1,1]",
+        "recipe.mixup=0", "recipe.cutmix=0", "model.drop_rate=0", "model.drop_path_rate=0",
+        "recipe.global_batch_size=16", f"recipe.epochs={EPOCHS}", "recipe.warmup_epochs=1",
+        "trainer.limit_train_batches=2", "trainer.check_val_every_n_epoch=3", "trainer.log_every_n_steps=1",
+        *extra,
+    )  # fmt: skip
+
+
+TWO_PROCESSES = ("data.batch_size=4", "trainer.accelerator=cpu")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 7 val images per class: 21 in all, uneven shards (11 + 10) for the exact-validation check.
+    return make_image_folder(tmp_path_factory.mktemp("img"), classes=3, train_per_class=16, val_per_class=7)
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("one")
+    run(compose_config(deterministic(folder, "data.batch_size=8"), run_dir=run_dir))
+    return run_dir
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without any launcher variables (pytest itself might run under torchrun/SLURM)."""
+    launcher = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith(("TORCHELASTIC", "SLURM"))}
+    return {**env, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+
+
+def only_run_dir(cwd: Path) -> Path:
+    runs = [p for p in (cwd / "outputs" / "train").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs  # one run dir for all ranks, not one per process
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def lightning_ddp(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`python train.py trainer.devices=2`: Lightning starts rank 1 itself (no hydra.run.dir given)."""
+    cwd = tmp_path_factory.mktemp("lightning")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *deterministic(folder, *TWO_PROCESSES, "trainer.devices=2")],
+        cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return only_run_dir(cwd), result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def torchrun_two_nodes(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Two torchrun agents ("nodes", one process each) meeting at a c10d rendezvous on 127.0.0.1."""
+    cwd = tmp_path_factory.mktemp("torchrun")
+    port = free_port()
+    args = deterministic(folder, *TWO_PROCESSES, "trainer.devices=1", "trainer.num_nodes=2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=job42",
+             "--local-addr=127.0.0.1", str(ROOT / "train.py"), *args],
+            cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=TIMEOUT)[0])
+    finally:
+        for proc in procs:
+            proc.kill() if proc.poll() is None else None
+    for proc, out in zip(procs, outputs):
+        assert proc.returncode == 0, out[-3000:]
+    return cwd, outputs
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [row["train.loss"] for row in read_report(run_dir)["epochs"]]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return ckpt["state_dict"]
+
+
+def assert_same_training(two: Path, one: Path) -> None:
+    # float32 sums in a different order (gloo all-reduce of shard gradients vs one batch): ~1e-6 apart.
+    assert len(losses(two)) == EPOCHS
+    assert losses(two) == pytest.approx(losses(one), rel=1e-4, abs=1e-5)
+    assert [r["step"] for r in read_report(two)["epochs"]] == list(range(1, EPOCHS + 1))  # accumulation 2
+    weights_one, weights_two = final_weights(one), final_weights(two)
+    assert weights_one.keys() == weights_two.keys()
+    for name, tensor in weights_one.items():
+        torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_lightning_ddp_equals_one_process(lightning_ddp: tuple[Path, str], reference: Path) -> None:
+    """2 processes x 4 per device trace the same loss curve and end at the same weights as
+    1 process x 8: sharding, gradient averaging and accumulation agree."""
+    assert_same_training(lightning_ddp[0], reference)
+    # The losses really moved (the comparison would be vacuous on a constant curve).
+    assert max(losses(reference)) - min(losses(reference)) > 1e-3
+
+
+def test_torchrun_two_nodes_share_one_run_dir_and_equal_one_process(
+    torchrun_two_nodes: tuple[Path, list[str]], reference: Path
+) -> None:
+    cwd, outputs = torchrun_two_nodes
+    run_dir = only_run_dir(cwd)
+    assert run_dir.name == "job42"  # outputs/<task>/<rendezvous id>, the same on both nodes
+    assert_same_training(run_dir, reference)
+    # Only global rank 0 wrote Hydra's files and the log file.
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "config.yaml").is_file()
+    log = (run_dir / "train.log").read_text()
+    assert "global rank 0 of 2: seed 12345" in log and "global rank 1" not in log
+
+
+def test_seed_differs_per_global_rank(torchrun_two_nodes: tuple[Path, list[str]]) -> None:
+    """Rank 1 is the only process of node 1 (local rank 0 there): NVIDIA's local-rank seeding would give
+    it rank 0's seed."""
+    text = "\n".join(torchrun_two_nodes[1])
+    assert "global rank 0 of 2: seed 12345" in text and "global rank 1 of 2: seed 12346" in text
+
+
+def test_validation_exact_across_process_counts(lightning_ddp: tuple[Path, str], folder: Path, tmp_path: Path) -> None:
+    """The 2-process run validated its last weights on unpadded shards of 11 + 10 images; one process
+    evaluating the same checkpoint must get identical numbers (padding would count 1 image twice)."""
+    from imgcls.evaluate import run as evaluate
+
+    run_dir = lightning_ddp[0]
+    two = read_report(run_dir)["epochs"][-1]
+    out = tmp_path / "eval.json"
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    cfg = compose_config(
+        [f"ckpt={ckpt}", f"data.root={folder}", "data.batch_size=4", f"output={out}"], "evaluate", run_dir=tmp_path
+    )
+    one = evaluate(cfg)
+    assert one["val.top1"] == pytest.approx(two["val.top1"], abs=1e-6)
+    assert one["val.loss"] == pytest.approx(two["val.loss"], rel=1e-5)
+
+
+def test_lightning_launcher_children_stay_out_of_hydra_files(lightning_ddp: tuple[Path, str]) -> None:
+    run_dir, output = lightning_ddp
+    assert "global rank 1 of 2: seed 12346" in output  # rank 1 ran and logged to its console
+    assert "global rank 1" not in (run_dir / "train.log").read_text()  # but not into rank 0's log file
+    assert len(list(run_dir.rglob("config.yaml"))) == 2  # RUN_DIR/config.yaml and .hydra/config.yaml
+
+
+def test_cpu_runs_are_bitwise_reproducible(reference: Path, folder: Path, tmp_path: Path) -> None:
+    run(compose_config(deterministic(folder, "data.batch_size=8"), run_dir=tmp_path))
+    assert losses(tmp_path) == losses(reference)  # exact, not approx
+    again, first = final_weights(tmp_path), final_weights(reference)
+    assert all(torch.equal(again[k], first[k]) for k in first)
+    rows = [r["train.loss"] for r in csv.DictReader((tmp_path / "csv" / "metrics.csv").open()) if r["train.loss"]]
+    assert len(rows) == EPOCHS  # one row per optimizer step (log_every_n_steps=1)
+
+
+def test_augmenting_runs_are_bitwise_reproducible_and_seed_sensitive(folder: Path, tmp_path: Path) -> None:
+    """With random crops, flips and mixup on: the same seed gives the same run, another seed another."""
+    args = tiny_overrides(folder, "recipe.epochs=1", "recipe.mixup=0.2", "trainer.log_every_n_steps=1")
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        run(compose_config([*args, f"seed={seed}"], run_dir=tmp_path / name))
+    curve = {n: [r["train.loss"] for r in csv.DictReader((tmp_path / n / "csv" / "metrics.csv").open())] for n in "abc"}
+    assert curve["a"] == curve["b"] and curve["a"] != curve["c"]
+
+
+def test_sync_batchnorm_on_cpu_ddp_is_refused_in_one_line(folder: Path, tmp_path: Path) -> None:
+    from imgcls.errors import ConfigError
+
+    args = tiny_overrides(folder, "trainer.devices=2", "trainer.accelerator=cpu", "trainer.sync_batchnorm=true")
+    with pytest.raises(ConfigError, match="sync_batchnorm=true needs GPUs"):
+        run(compose_config(args, run_dir=tmp_path))
+
+
+# --- the run-dir rule, without processes ------------------------------------------------------------
+
+
+def test_torchrun_ranks_get_the_same_pinned_dir() -> None:
+    for rank in ("0", "1"):
+        env = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": "0"}
+        extra = launch_overrides(["model=resnet18"], "train", env)
+        assert extra[0] == "hydra.run.dir=outputs/train/abc"
+        assert (extra[1:] == list(QUIET_RANK_OVERRIDES)) is (rank == "1")
+
+
+def test_srun_pins_the_job_id_and_explicit_dirs_win() -> None:
+    env = {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "8", "SLURM_PROCID": "3"}
+    assert launch_overrides([], "train", env)[0] == "hydra.run.dir=outputs/train/777"
+    assert launch_overrides(["hydra.run.dir=/x"], "train", env) == list(QUIET_RANK_OVERRIDES)
+    assert launch_overrides(["-m", "seed=1,2"], "train", env) == []  # sweeps: hydra.sweep.dir
+    # A single-task SLURM job (an interactive allocation, sbatch without srun) keeps the timestamped dir.
+    assert launch_overrides([], "train", {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == []
+
+
+def test_lightning_children_only_drop_the_log_file() -> None:
+    argv = ["hydra.run.dir=/r", "hydra.job.name=train_ddp_process_1", "hydra.output_subdir=null"]
+    assert launch_overrides(argv, "train", {"LOCAL_RANK": "1"}) == list(QUIET_RANK_OVERRIDES[1:])
+    assert launch_overrides([], "train", {}) == []  # a plain single-process run is untouched
+
+
+def test_torchrun_without_an_id_fails_in_one_line(tmp_path: Path) -> None:
+    env = {**clean_env(), "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "model=resnet18"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "imgcls: error: under torchrun the ranks need a shared run dir: pass hydra.run.dir=DIR, or give "
+        "torchrun --rdzv-id=ID (or --standalone on one node)"
+    ]
+    assert not (tmp_path / "outputs").exists()
