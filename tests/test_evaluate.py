@@ -112,9 +112,15 @@ def test_weights_export_and_plain_state_dict_evaluate_like_the_checkpoint(
         assert result["val.loss"] == pytest.approx(expected["val.loss"], rel=1e-5)
 
 
-def test_no_ckpt_is_an_error(tmp_path: Path) -> None:
+def test_no_ckpt_or_not_a_checkpoint_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="ckpt=PATH is required"):
         _evaluate(tmp_path)
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="notes.ckpt is not a PyTorch checkpoint or weights file"):
+        _evaluate(tmp_path, f"ckpt={tmp_path / 'notes.ckpt'}")
+    torch.save({"lr": 0.1}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="other.pt holds no state_dict"):
+        _evaluate(tmp_path, f"ckpt={tmp_path / 'other.pt'}", "data.root=/nonexistent")
 
 
 def test_a_state_dict_of_another_architecture_lists_the_keys(trained: Path, tmp_path: Path) -> None:
@@ -129,14 +135,12 @@ def test_a_state_dict_of_another_architecture_lists_the_keys(trained: Path, tmp_
 @pytest.fixture(scope="module")
 def cli_errors(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
     tmp = tmp_path_factory.mktemp("evaluate-errors")
-    (tmp / "notes.ckpt").write_text("not a checkpoint")
     ckpt = trained / "checkpoints" / "last.ckpt"
     evaluate_py = str(ROOT / "evaluate.py")
     common = [f"hydra.run.dir={tmp / 'out'}", "trainer.enable_progress_bar=false"]
     return run_clis(
         {
             "missing": [evaluate_py, f"ckpt={tmp / 'nope.ckpt'}", *common],
-            "not_a_checkpoint": [evaluate_py, f"ckpt={tmp / 'notes.ckpt'}", *common],
             "other_arch": [evaluate_py, f"ckpt={ckpt}", "model=resnet50", *common],
         }
     )
@@ -146,7 +150,6 @@ def cli_errors(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     "case, needles",
     [
         ("missing", ["nope.ckpt", "does not exist"]),
-        ("not_a_checkpoint", ["notes.ckpt", "is not a PyTorch checkpoint"]),
         ("other_arch", ["holds a resnet18 network, not model=resnet50"]),
     ],
 )

@@ -19,13 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.report import ReportCallback, write_json_atomic
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.errors import ConfigError, DataError
+from imgcls.errors import CheckpointError, ConfigError, DataError
 from imgcls.models.weights import (
     PREPROCESSING_KEYS,
     TrainedModel,
     is_training_checkpoint,
+    is_weights_export,
     load_trained,
     read_torch_file,
+    state_dict_of,
 )
 from imgcls.module import ClassificationModule
 from imgcls.precision import resolve_precision
@@ -134,6 +136,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, DictConfig, dict[str, Any]]:
     """A weights export (metadata inside) or a foreign state_dict (model=NAME): the data config comes
     from the train config's folder dataset, with the file's own preprocessing when it has one."""
+    if not is_weights_export(blob):  # what is wrong with the file is said before what is wrong with the data
+        state_dict_of(blob, ckpt, "ckpt")
+        if cfg.get("model") is None:
+            raise CheckpointError(f"ckpt={ckpt} is a plain state_dict without metadata: name its model (model=NAME)")
     overrides = ["data=folder"]
     if cfg.get("model") is not None:
         overrides.append(f"model={cfg.model.name}")
