@@ -1,0 +1,77 @@
+"""logger=wandb in offline mode, read back from what wandb wrote: metrics under NVIDIA's names, LR,
+throughput, the resolved config, a grid of augmented training images, per-class val accuracy and a
+confusion matrix; a resumed run continues the same W&B run id."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from imgcls.train import run
+from tests.conftest import compose_config, read_report, tiny_overrides
+
+
+def offline_runs(run_dir: Path) -> list[Path]:
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    return sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+
+
+def wandb_log(offline: Path, expected: bytes) -> bytes:
+    log_file = next(offline.glob("run-*.wandb"))
+    deadline = time.monotonic() + 60  # wandb-core flushes the log in the background after finish()
+    while expected not in log_file.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return log_file.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def wandb_run(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Epoch 0 of 2, then a resume of the same run dir for epoch 1."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path_factory.mktemp("wandb")
+    args = tiny_overrides(image_folder, "logger=wandb", "logger.wandb.log_images=8", "trainer.log_every_n_steps=1")
+    run(compose_config([*args, "trainer.max_epochs=1"], run_dir=run_dir))
+    run(compose_config([*args, "ckpt_path=last"], run_dir=run_dir))
+    mp.undo()
+    return run_dir
+
+
+def test_dashboard_scalars_and_config(wandb_run: Path) -> None:
+    log = wandb_log(offline_runs(wandb_run)[0], b"val.confusion_matrix")
+    for key in (b"train.loss", b"val.top1", b"val.top5", b"train.lr", b"train.total_ips", b"val.total_ips"):
+        assert key in log, key
+    assert b"run_config" in log and b"resnet18" in log and b"lr_per_256" in log  # the resolved config
+
+
+def test_sample_grid_of_augmented_training_images(wandb_run: Path) -> None:
+    (png,) = (offline_runs(wandb_run)[0] / "files" / "media" / "images").glob("train.samples_*.png")
+    grid = Image.open(png)
+    # 8 images of 32 px in one row, make_grid's 2 px padding around each.
+    assert grid.size == (8 * 34 + 2, 34 + 2)
+    assert b"train.samples" in wandb_log(offline_runs(wandb_run)[0], b"train.samples")
+
+
+def test_per_class_accuracy_matches_val_top1(wandb_run: Path) -> None:
+    """The table from the run's final validation, one per W&B run (each invocation ends with one)."""
+    report = read_report(wandb_run)["epochs"]
+    for offline, row in zip(offline_runs(wandb_run), report):
+        (table_file,) = (offline / "files" / "media" / "table").glob("val.per_class_*.table.json")
+        table = json.loads(table_file.read_text())
+        assert table["columns"] == ["class", "val.top1", "images"]
+        assert [r[0] for r in table["data"]] == ["class_0", "class_1", "class_2"]
+        total = sum(r[2] for r in table["data"])
+        assert total == 18  # every val image once
+        assert sum(r[1] * r[2] for r in table["data"]) / total == pytest.approx(row["val.top1"], abs=1e-4)
+        assert b"val.confusion_matrix" in wandb_log(offline, b"val.confusion_matrix")
+
+
+def test_resume_continues_the_same_wandb_run(wandb_run: Path) -> None:
+    first, second = offline_runs(wandb_run)  # both named ...-<the id in wandb_id.txt>
+    assert first.name.rsplit("-", 1)[1] == second.name.rsplit("-", 1)[1]
+    assert [r["epoch"] for r in read_report(wandb_run)["epochs"]] == [0, 1]
+    assert b"val.top1" in wandb_log(second, b"val.top1")
