@@ -121,6 +121,36 @@ def torchrun_two_nodes(folder: Path, tmp_path_factory: pytest.TempPathFactory) -
     return cwd, outputs
 
 
+def test_srun_tasks_share_the_job_id_run_dir(folder: Path, tmp_path: Path) -> None:
+    """Two processes with the environment `srun --ntasks-per-node=2` gives its tasks: Lightning's
+    SLURMEnvironment makes them the DDP ranks, and both use outputs/train/<SLURM_JOB_ID>."""
+    port = free_port()
+    slurm = {
+        "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "imgcls", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(port),
+    }  # fmt: skip
+    args = tiny_overrides(folder, "recipe.epochs=1", "data.batch_size=4", "trainer.devices=2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *args],
+            cwd=tmp_path, env={**clean_env(), **slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for k in range(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=TIMEOUT)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill() if proc.poll() is None else None
+    for proc, out in zip(procs, outputs):
+        assert proc.returncode == 0, out[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name == "4242"
+    assert read_report(run_dir)["epochs"][0]["step"] == 6  # 48 images / (2 ranks x 4), global batch 8
+    assert "global rank 1 of 2: seed 12346" in outputs[1] and "global rank 1" not in (run_dir / "train.log").read_text()
+
+
 def losses(run_dir: Path) -> list[float]:
     return [row["train.loss"] for row in read_report(run_dir)["epochs"]]
 
@@ -217,6 +247,17 @@ def test_sync_batchnorm_on_cpu_ddp_is_refused_in_one_line(folder: Path, tmp_path
     args = tiny_overrides(folder, "trainer.devices=2", "trainer.accelerator=cpu", "trainer.sync_batchnorm=true")
     with pytest.raises(ConfigError, match="sync_batchnorm=true needs GPUs"):
         run(compose_config(args, run_dir=tmp_path))
+
+
+def test_deterministic_sets_lightnings_deterministic_mode(folder: Path, tmp_path: Path) -> None:
+    from imgcls.train import build_trainer, resolve_plan
+
+    cfg = compose_config(tiny_overrides(folder, "deterministic=true"), run_dir=tmp_path)
+    try:
+        trainer = build_trainer(cfg, resolve_plan(cfg), [], [])
+        assert torch.are_deterministic_algorithms_enabled() and trainer.logger is None
+    finally:
+        torch.use_deterministic_algorithms(False)  # global state: leave it as other tests expect
 
 
 # --- the run-dir rule, without processes ------------------------------------------------------------
