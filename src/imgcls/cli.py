@@ -77,12 +77,23 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             message, code = f"{exc.full_key} must be set (e.g. {exc.full_key}=...)", 2
         if not _in_multirun():
             fail(message, code)
-        job = f"job {HydraConfig.get().job.num} ({','.join(HydraConfig.get().overrides.task)})"
+        job = f"job {HydraConfig.get().job.num} ({','.join(_varying_overrides())})"
         log.error("%s failed: %s", job, message)
         SWEEP_FAILURES.append((f"{job}: {message}", code))
         return None
     finally:
         _finish_wandb()
+
+
+def _varying_overrides() -> list[str]:
+    """This job's overrides of keys that the command line sweeps or does not set (a sweeper's params)."""
+    task = list(HydraConfig.get().overrides.task)
+    try:
+        given = OverridesParser.create().parse_overrides([a for a in sys.argv[1:] if "=" in a and a[0] != "-"])
+    except Exception:  # noqa: BLE001 - only for naming the job
+        return task
+    fixed = {o.key_or_group for o in given if not o.is_sweep_override()}
+    return [o for o in task if o.split("=", 1)[0].lstrip("+~") not in fixed] or task
 
 
 def _in_multirun() -> bool:

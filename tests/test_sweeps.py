@@ -1,0 +1,114 @@
+"""Hydra multirun through the real CLI: every job in its own run dir, a failed job does not stop or
+poison the next, the exit code reports failures, in-process DDP sweeps are refused, the SLURM
+launcher and the Optuna sweeper configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+from tests.conftest import CONF, ROOT, read_report, tiny_overrides
+
+TIMEOUT = 900
+
+
+def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+
+
+def wandb_log(run_dir: Path) -> bytes:
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
+    log_file = offline / f"run-{run_id}.wandb"
+    deadline = time.monotonic() + 60  # wandb-core flushes in the background after finish()
+    while b"val.top1" not in log_file.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return log_file.read_bytes()
+
+
+def test_failed_job_does_not_stop_or_poison_the_next(image_folder: Path, tmp_path: Path) -> None:
+    """Job 0 diverges (LR x 1e12: a NaN loss stops it mid-epoch, with its W&B run open); job 1 must still
+    train, in its own run dir, into its own W&B run; the sweep exits with job 0's code (3)."""
+    sweep = tmp_path / "sweep"
+    args = tiny_overrides(image_folder, "recipe.epochs=1", "logger=wandb", f"hydra.sweep.dir={sweep}")
+    result = train(tmp_path, "-m", *args, "recipe.lr_per_256=1e12,0.1")
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "imgcls: error: 1 sweep job(s) failed: job 0 (recipe.lr_per_256=1000000000000.0): train.loss is "
+    )
+    assert "Traceback" not in result.stderr
+    assert not (sweep / "0" / "report.json").exists() or not read_report(sweep / "0")["epochs"]
+    assert read_report(sweep / "1")["epochs"][0]["val.top1"] >= 0
+    ids = [(sweep / str(job) / "wandb_id.txt").read_text() for job in (0, 1)]
+    assert ids[0] != ids[1]
+    log = wandb_log(sweep / "1")
+    assert b"val.top1" in log and b"0.1" in log  # job 1's own run, with its own config
+
+
+def test_every_job_gets_its_own_run_dir(image_folder: Path, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    args = tiny_overrides(image_folder, "recipe.epochs=1", f"hydra.sweep.dir={sweep}")
+    result = train(tmp_path, "-m", *args, "seed=1,2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, seed in ((0, 1), (1, 2)):
+        run_dir = sweep / str(job)
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == seed
+        assert (run_dir / "checkpoints" / "last.ckpt").is_file() and read_report(run_dir)["epochs"]
+    assert read_report(sweep / "0")["epochs"][0]["train.loss"] != read_report(sweep / "1")["epochs"][0]["train.loss"]
+
+
+def test_multirun_with_in_process_ddp_is_refused(image_folder: Path, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    args = tiny_overrides(image_folder, "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.sweep.dir={sweep}")
+    result = train(tmp_path, "-m", *args, "seed=1,2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "imgcls: error: a multirun (-m) cannot start 2 DDP processes per job itself; sweep multi-GPU jobs with "
+        "hydra/launcher=slurm, or launch each job as its own torchrun/srun run (docs/distributed.md)"
+    )
+    assert not list(sweep.rglob("report.json"))
+
+
+def test_slurm_launcher_runs_one_task_per_gpu() -> None:
+    """hydra #2231: tasks_per_node must equal the GPUs per node for Lightning's SLURMEnvironment."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "train", overrides=["hydra/launcher=slurm", "hardware=dgxa100", "trainer.num_nodes=2"],
+            return_hydra_config=True,
+        )  # fmt: skip
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher.tasks_per_node == launcher.gpus_per_node == cfg.trainer.devices == 8
+    assert launcher.nodes == 2 and launcher.signal_delay_s > 0
+    from hydra.utils import get_class
+
+    assert get_class(launcher._target_).__name__ == "SlurmLauncher"  # the plugin is installed
+
+
+def test_optuna_search_runs_trials_and_reports_the_best(tmp_path: Path) -> None:
+    sweep = tmp_path / "optuna"
+    args = [
+        "hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=2",
+        f"hydra.sweep.dir={sweep}", "model=resnet18", "data=synthetic", "data.num_classes=3",
+        "data.train_samples=16", "data.val_samples=8", "model.image_size=32", "data.batch_size=8",
+        "recipe.global_batch_size=8", "recipe.epochs=1", "data.num_workers=0", "callbacks.progress_bar=none",
+        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+    ]  # fmt: skip
+    result = train(tmp_path, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lrs = [yaml.safe_load((sweep / str(j) / "config.yaml").read_text())["recipe"]["lr_per_256"] for j in (0, 1)]
+    assert lrs[0] != lrs[1] and all(0.05 <= lr <= 0.5 for lr in lrs)
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    tops = [read_report(sweep / str(j))["run"]["val.top1"] for j in (0, 1)]
+    assert best["best_value"] == pytest.approx(max(tops))
