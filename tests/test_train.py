@@ -141,3 +141,13 @@ def test_demo_reaches_90_percent(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_report(tmp_path / "demo")["run"]["val.top1"] >= 90.0
     assert len(list((tmp_path / "cache" / "digits-jpeg" / "val").glob("*/*.jpg"))) == 355
+
+
+def test_ckpt_path_last_without_a_checkpoint_starts_fresh(tmp_path: Path) -> None:
+    from imgcls.callbacks.checkpoint import resolve_ckpt_path
+
+    assert resolve_ckpt_path("last", tmp_path) is None  # a requeued job's first start
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert resolve_ckpt_path("last", tmp_path) == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert resolve_ckpt_path(None, tmp_path) is None
