@@ -87,11 +87,17 @@ def _recipe_for(model: str) -> str:
     return "efficientnet" if model.startswith("efficientnet") else "90e"
 
 
-@pytest.mark.parametrize("row", published_rows() if REFERENCE.exists() else [], ids=lambda r: "-".join(map(str, list(r.values())[:3])))
+@pytest.mark.parametrize(
+    "row", published_rows() if REFERENCE.exists() else [], ids=lambda r: "-".join(map(str, list(r.values())[:3]))
+)
 def test_published_recipe_resolves_to_nvidia_numbers(row: dict) -> None:
     cfg = compose_config(
-        [f"model={row['model']}", f"hardware={row['hardware']}", f"precision={row['precision']}",
-         f"recipe={_recipe_for(row['model'])}"]
+        [
+            f"model={row['model']}",
+            f"hardware={row['hardware']}",
+            f"precision={row['precision']}",
+            f"recipe={_recipe_for(row['model'])}",
+        ]
     )
     plan = resolve_plan(cfg, check_devices=False)
     # NVIDIA's DGX-2 runs used 8 processes with accumulation; ours use all 16 GPUs with the same
@@ -121,9 +127,17 @@ def test_recipe_constants_match_nvidia() -> None:
 
 @pytest.mark.parametrize(
     "model,size,drop,drop_path",
-    [("efficientnet_b0", 224, 0.2, 0.0), ("efficientnet_b1", 240, 0.2, 0.0), ("efficientnet_b2", 260, 0.3, 0.0),
-     ("efficientnet_b3", 300, 0.3, 0.0), ("efficientnet_b4", 380, 0.4, 0.2), ("efficientnet_b5", 456, 0.4, 0.0),
-     ("efficientnet_b6", 528, 0.5, 0.0), ("efficientnet_b7", 600, 0.5, 0.0), ("resnet50", 224, 0.0, 0.0)],
+    [
+        ("efficientnet_b0", 224, 0.2, 0.0),
+        ("efficientnet_b1", 240, 0.2, 0.0),
+        ("efficientnet_b2", 260, 0.3, 0.0),
+        ("efficientnet_b3", 300, 0.3, 0.0),
+        ("efficientnet_b4", 380, 0.4, 0.2),
+        ("efficientnet_b5", 456, 0.4, 0.0),
+        ("efficientnet_b6", 528, 0.5, 0.0),
+        ("efficientnet_b7", 600, 0.5, 0.0),
+        ("resnet50", 224, 0.0, 0.0),
+    ],
 )
 def test_model_defaults(model: str, size: int, drop: float, drop_path: float) -> None:
     cfg = compose_config([f"model={model}"])
@@ -134,19 +148,27 @@ def test_model_defaults(model: str, size: int, drop: float, drop_path: float) ->
 def test_every_combination_composes_and_plans() -> None:
     """model x precision x hardware x recipe: each group is composed by Hydra once, then every
     combination is merged the way Hydra merges group nodes and planned (1,440 combinations)."""
+
     def node(group: str, name: str) -> dict:
         return OmegaConf.to_container(compose_config([f"{group}={name}"])[group])  # unresolved
 
     # The keys planning reads; the rest of the root (hydra, logger, callbacks) is not group-dependent.
     base = {k: v for k, v in OmegaConf.to_container(compose_config([])).items() if k in ("data", "trainer")}
-    nodes = {g: {n: node(g, n) for n in names} for g, names in
-             (("model", MODELS), ("precision", PRECISIONS), ("hardware", HARDWARE), ("recipe", RECIPES))}
+    nodes = {
+        g: {n: node(g, n) for n in names}
+        for g, names in (("model", MODELS), ("precision", PRECISIONS), ("hardware", HARDWARE), ("recipe", RECIPES))
+    }
     count = 0
     for m, p, h, r in itertools.product(MODELS, PRECISIONS, HARDWARE, RECIPES):
         # Hydra puts each chosen group node at its key; interpolations resolve against the new root.
         cfg = OmegaConf.create(
-            {**base, "model": nodes["model"][m], "precision": nodes["precision"][p],
-             "hardware": nodes["hardware"][h], "recipe": nodes["recipe"][r]}
+            {
+                **base,
+                "model": nodes["model"][m],
+                "precision": nodes["precision"][p],
+                "hardware": nodes["hardware"][h],
+                "recipe": nodes["recipe"][r],
+            }
         )
         plan = resolve_plan(cfg, check_devices=False)
         assert plan.global_batch == plan.per_device_batch * plan.world_size * plan.accumulation
@@ -160,7 +182,13 @@ def test_every_combination_composes_and_plans() -> None:
 
 def test_groups_offer_the_documented_options() -> None:
     assert set(MODELS) == {
-        "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext101_32x4d", "se_resnext101_32x4d",
+        "resnet18",
+        "resnet34",
+        "resnet50",
+        "resnet101",
+        "resnet152",
+        "resnext101_32x4d",
+        "se_resnext101_32x4d",
         *(f"efficientnet_b{i}" for i in range(8)),
     }
     assert set(PRECISIONS) == {"amp", "bf16", "tf32", "fp32"}
