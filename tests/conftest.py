@@ -76,7 +76,9 @@ def tiny_overrides(data_root: Path, *extra: str) -> list[str]:
     ]
 
 
-def run_cli(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run train.py / evaluate.py as a user would, in a subprocess."""
     full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
     return subprocess.run(
