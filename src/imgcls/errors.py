@@ -19,3 +19,15 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that is missing, unreadable or for another model."""
+
+
+class TrainingError(UserError):
+    """Training cannot go on (a NaN/Inf loss). Exit code 3: the input may be fine, the run is not."""
+
+    exit_code = 3
+
+
+class StorageError(UserError):
+    """The run dir or a checkpoint cannot be written (permissions, full disk). Exit code 4."""
+
+    exit_code = 4

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
-from torchvision.datasets import ImageFolder
 
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.images import BadImageLog, CheckedImageFolder, collate_dropping_bad
 from imgcls.data.progressive import with_magnitude
-from imgcls.data.samplers import ShardSampler
+from imgcls.data.samplers import ResumableDataLoader, ShardSampler
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.errors import ConfigError
@@ -28,16 +29,19 @@ class TorchvisionBackend:
         self.cfg = cfg
         self.classes = classes_of(cfg.root, "train")
         check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
-        self._datasets: dict[str, ImageFolder] = {}
+        self._datasets: dict[str, CheckedImageFolder] = {}
+        self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
 
-    def dataset(self, split: str, image_size: int | None = None, augment_magnitude: int | None = None) -> ImageFolder:
+    def dataset(
+        self, split: str, image_size: int | None = None, augment_magnitude: int | None = None
+    ) -> CheckedImageFolder:
         key = f"{split}@{image_size}@{augment_magnitude}"
         if key not in self._datasets:
             cfg = self.cfg
             if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
                 cfg = OmegaConf.merge(cfg, {"randaugment": with_magnitude(str(cfg.randaugment), augment_magnitude)})
             transform = (train_transform if split == "train" else val_transform)(cfg, image_size)
-            self._datasets[key] = ImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
+            self._datasets[key] = CheckedImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
         return self._datasets[key]
 
     def loader(
@@ -53,7 +57,7 @@ class TorchvisionBackend:
         dataset = self.dataset(split, image_size, augment_magnitude)
         training = split == "train"
         sampler = ShardSampler(len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training)
-        return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training)
+        return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training, bad_images=self.bad_images)
 
 
 class SyntheticBackend:
@@ -74,9 +78,11 @@ class SyntheticBackend:
         return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training)
 
 
-def _dataloader(dataset: Any, sampler: ShardSampler, batch_size: int, cfg: Any, drop_last: bool) -> DataLoader:
+def _dataloader(
+    dataset: Any, sampler: ShardSampler, batch_size: int, cfg: Any, drop_last: bool, bad_images: Any = None
+) -> DataLoader:
     workers = int(cfg.num_workers)
-    return DataLoader(
+    return ResumableDataLoader(  # stateful: Lightning resumes it mid-epoch
         dataset,
         batch_size=batch_size,
         sampler=sampler,
@@ -85,6 +91,11 @@ def _dataloader(dataset: Any, sampler: ShardSampler, batch_size: int, cfg: Any, 
         drop_last=drop_last,
         persistent_workers=bool(cfg.persistent_workers) and workers > 0,
         prefetch_factor=int(cfg.prefetch_factor) if workers > 0 else None,
+        collate_fn=collate_dropping_bad,
+        bad_images=bad_images,
+        # Its own generator: creating an iterator then draws no number from the global torch RNG, so a run
+        # resumed mid-epoch (one extra iter()) keeps the same random stream as an uninterrupted one.
+        generator=torch.Generator().manual_seed(int(sampler.seed)),
     )
 
 

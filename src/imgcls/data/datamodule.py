@@ -27,6 +27,8 @@ class ClassificationDataModule(L.LightningDataModule):
         # Loaders are kept between epochs (persistent workers, built DALI pipelines) and rebuilt only
         # when what they produce changes (progressive resizing).
         self._loaders: dict[tuple, Any] = {}
+        self._train_loader: Any = None
+        self._resume: dict[str, Any] | None = None  # the train loader's position from a checkpoint
 
     def setup(self, stage: str) -> None:
         if self.schedule is not None and self.trainer is not None:
@@ -56,13 +58,30 @@ class ClassificationDataModule(L.LightningDataModule):
         return self._loaders[key]
 
     def train_dataloader(self) -> Any:
-        if self.schedule is None:
-            return self._loader("train", self.batch_size)
-        epoch = self._epoch()
-        options = {"image_size": self.schedule.size(epoch)}
-        if self.schedule.magnitude(epoch) is not None:
-            options["augment_magnitude"] = self.schedule.magnitude(epoch)
-        return self._loader("train", self.batch_size, **options)
+        options: dict[str, Any] = {}
+        if self.schedule is not None:
+            epoch = self._epoch()
+            options["image_size"] = self.schedule.size(epoch)
+            if self.schedule.magnitude(epoch) is not None:
+                options["augment_magnitude"] = self.schedule.magnitude(epoch)
+        self._train_loader = self._loader("train", self.batch_size, **options)
+        if self._resume is not None and hasattr(self._train_loader, "load_state_dict"):
+            if self._epoch() > int(self._resume["epoch"]):
+                self._resume = None  # a later epoch's loader (progressive resizing) starts fresh
+            else:
+                self._train_loader.load_state_dict(self._resume)
+        return self._train_loader
+
+    # Mid-epoch resume. The train loader is stateful (samplers.ResumableDataLoader), but Lightning 2.6 loads
+    # a stateful loader's state only into a loader it creates after restoring the loops, and
+    # `estimated_stepping_batches` (configure_optimizers) creates it before. A DataModule's state is
+    # restored before that, so the position travels here too (loading it twice is harmless).
+    def state_dict(self) -> dict[str, Any]:
+        loader = self._train_loader
+        return {"train_loader": loader.state_dict()} if hasattr(loader, "state_dict") else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume = state_dict.get("train_loader")
 
     def val_dataloader(self) -> Any:
         if self.schedule is None:

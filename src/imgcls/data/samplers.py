@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 
 class ShardSampler(Sampler[int]):
@@ -58,9 +58,50 @@ class ShardSampler(Sampler[int]):
     def __len__(self) -> int:
         return len(self._indices())
 
+    @property
+    def pending_skip(self) -> int:
+        """Samples the next __iter__ will skip (set by load_state_dict)."""
+        return self._skip
+
     def state_dict(self, consumed: int) -> dict[str, Any]:
         return {"epoch": self.epoch, "consumed": consumed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
-        self._skip = int(state["consumed"])
+        epoch, consumed = int(state["epoch"]), int(state["consumed"])
+        if consumed >= len(self._indices()):
+            # Saved at the end of an epoch: the next epoch starts from its beginning. Lightning creates the
+            # resumed iterator before it calls set_epoch, so the epoch must already be the next one here.
+            epoch, consumed = epoch + 1, 0
+        self.epoch, self._skip = epoch, consumed
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that Lightning resumes mid-epoch: having state_dict/load_state_dict makes it "stateful"
+    to Lightning 2.6, which stores state_dict() in the checkpoint (fit_loop "combined_loader") and calls
+    load_state_dict() before creating the resumed epoch's iterator (FitLoop.setup_data).
+
+    The position is counted in batches handed to Lightning (its fetcher does not prefetch from a sized
+    loader), not in indices taken from the sampler (worker prefetching runs ahead). The collate returns
+    (images, labels, bad samples); bad samples go to `bad_images` here, in the main process.
+    """
+
+    def __init__(self, *args: Any, bad_images: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bad_images = bad_images
+        self._consumed = 0  # samples of the current epoch handed out, including a resumed skip
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        sampler: ShardSampler = self.sampler  # type: ignore[assignment]
+        self._consumed = sampler.pending_skip
+        for images, labels, bad in super().__iter__():
+            self._consumed += self.batch_size or 0
+            if bad and self.bad_images is not None:
+                self.bad_images.record(bad)
+            if len(labels):  # a batch whose files were all bad is dropped, not yielded empty
+                yield images, labels
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict(self._consumed)  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)  # type: ignore[attr-defined]
