@@ -29,6 +29,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from imgcls.data.dali_pipelines import READER, interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.images import BadImageLog, prescan
 from imgcls.data.progressive import parse_randaugment
 from imgcls.errors import ConfigError, DataError
 
@@ -50,13 +51,16 @@ class DaliBackend:
         self.classes = classes_of(cfg.root, "train")
         check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
         self._samples: dict[str, list[tuple[str, int]]] = {}
+        self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
 
     def samples(self, split: str) -> list[tuple[str, int]]:
         """(path, class index) in ImageFolder's order: the same scan, so the same labels."""
         if split not in self._samples:
             class_to_idx = {name: i for i, name in enumerate(self.classes)}
             path = split_dir(self.cfg.root, split)
-            self._samples[split] = make_dataset(str(path), class_to_idx, extensions=IMG_EXTENSIONS)
+            samples = make_dataset(str(path), class_to_idx, extensions=IMG_EXTENSIONS)
+            # DALI stops on an undecodable file: bad files are found before, by a structural pre-scan (images.py).
+            self._samples[split] = prescan(samples, self.bad_images)
         return self._samples[split]
 
     def loader(

@@ -123,3 +123,45 @@ class BadImageLog:
             if sample.path not in self.files:
                 self.files[sample.path] = sample.reason
                 log.warning("skipping bad image %s (%s); data.on_bad_image=skip", sample.path, sample.reason)
+
+
+# --- pre-scan for backends that cannot skip a file while decoding (DALI) --------------------------------------
+# DALI's decoder stops the whole pipeline on one undecodable file, and it does not decode GIF. A full decode of
+# every file before training would cost about a CPU-hour on ImageNet, so the scan is structural: the header must
+# parse (PIL), the format must be one DALI decodes, the size must be within MAX_PIXELS, and a JPEG/PNG must end
+# with its end marker (a truncated file does not). A file damaged in the middle with intact ends passes the scan.
+DALI_FORMATS = {"JPEG", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP", "MPO"}
+_END_MARKERS = {"JPEG": b"\xff\xd9", "MPO": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
+
+
+def scan_file(path: str, formats: set[str] = DALI_FORMATS) -> str | None:
+    """None if `path` looks decodable (see above), else the reason."""
+    try:
+        with Image.open(path) as image:
+            fmt, pixels = image.format or "?", image.width * image.height
+        if fmt not in formats:
+            return f"{fmt} is not decoded by this backend"
+        if pixels > MAX_PIXELS:
+            return f"larger than {MAX_PIXELS} pixels"
+        marker = _END_MARKERS.get(fmt)
+        if marker is not None:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 4096))
+                if marker not in f.read():
+                    return f"truncated {fmt} (no end marker)"
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except Image.DecompressionBombWarning as exc:  # only when warnings are errors
+        return str(exc)
+    return None
+
+
+def prescan(samples: list[tuple[str, int]], bad_images: BadImageLog, threads: int = 16) -> list[tuple[str, int]]:
+    """The samples whose files pass scan_file; the others go through the on_bad_image policy."""
+    from concurrent.futures import ThreadPoolExecutor  # I/O bound: a few small reads per file
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        reasons = list(pool.map(scan_file, (path for path, _ in samples), chunksize=256))
+    bad_images.record([BadSample(path, reason) for (path, _), reason in zip(samples, reasons) if reason])
+    return [sample for sample, reason in zip(samples, reasons) if reason is None]

@@ -97,7 +97,9 @@ class ResumableDataLoader(DataLoader):
             self._consumed += self.batch_size or 0
             if bad and self.bad_images is not None:
                 self.bad_images.record(bad)
-            if len(labels):  # a batch whose files were all bad is dropped, not yielded empty
+            # A batch left empty by bad files is not yielded; in training (drop_last) neither is one left
+            # with a single sample, which BatchNorm cannot normalize (only possible with tiny batches).
+            if len(labels) >= (2 if self.drop_last else 1):
                 yield images, labels
 
     def state_dict(self) -> dict[str, Any]:
