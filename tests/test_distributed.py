@@ -244,7 +244,7 @@ def test_augmenting_runs_are_bitwise_reproducible_and_seed_sensitive(folder: Pat
 def test_sync_batchnorm_on_cpu_ddp_is_refused_in_one_line(folder: Path, tmp_path: Path) -> None:
     from imgcls.errors import ConfigError
 
-    args = tiny_overrides(folder, "trainer.devices=2", "trainer.accelerator=cpu", "trainer.sync_batchnorm=true")
+    args = tiny_overrides(folder, "data.batch_size=4", "trainer.devices=2", "trainer.sync_batchnorm=true")
     with pytest.raises(ConfigError, match="sync_batchnorm=true needs GPUs"):
         run(compose_config(args, run_dir=tmp_path))
 
