@@ -1,0 +1,89 @@
+"""SIGKILL a real training process at random moments (some during a checkpoint write), resume each time with
+ckpt_path=last, and end with the same weights as an uninterrupted run: bitwise, on CPU."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgcls.train import check_resumable
+from tests.conftest import ROOT, make_image_folder, read_report, run_cli, tiny_overrides
+
+KILLS = 6
+
+
+def args(data: Path, run_dir: Path, *extra: str) -> list[str]:
+    # 24 images / batch 8 = 3 steps per epoch, 3 epochs; last.ckpt every 2 steps, so kills land mid-epoch.
+    return [*tiny_overrides(data, "recipe.epochs=3", "callbacks.checkpoint.every_n_train_steps=2"),
+            f"hydra.run.dir={run_dir}", *extra]
+
+
+def start(argv: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def assert_readable(ckpt: Path) -> int:
+    check_resumable(str(ckpt), "resnet18", ["class_0", "class_1", "class_2"])  # the training path's own check
+    return int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path: Path) -> None:
+    data = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
+    ref = run_cli("train.py", *args(data, tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+
+    run_dir = tmp_path / "killed"
+    last, tmp = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt.tmp"
+    rng = random.Random(0)
+    kills, during_write, steps = 0, 0, []
+    while kills < KILLS:
+        proc = start(args(data, run_dir, "ckpt_path=last"))
+        before = last.stat().st_mtime_ns if last.exists() else 0
+        if kills % 3 == 1:  # kill while a checkpoint is being written
+            hit = wait_for(tmp.exists, proc)
+            during_write += hit
+        else:  # kill at a random moment after a new checkpoint was completed (so the run makes progress)
+            wait_for(lambda before=before: last.exists() and last.stat().st_mtime_ns != before, proc)
+            time.sleep(rng.uniform(0, 1.5))
+        if proc.poll() is not None:  # finished before we could kill it: only acceptable near the end
+            assert proc.returncode == 0, proc.stderr.read()[-2000:]
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        kills += 1
+        steps.append(assert_readable(last))  # never truncated, never unreadable
+    assert kills >= 5 and during_write >= 1, (kills, during_write)
+    assert steps == sorted(steps) and steps[-1] > 0
+
+    final = run_cli("train.py", *args(data, run_dir, "ckpt_path=last"))
+    assert final.returncode == 0, final.stderr[-2000:]
+    a = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    b = torch.load(last, map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"] == 9
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    # The run dir, its report and its CSV log continued instead of starting over.
+    assert [r["epoch"] for r in read_report(run_dir)["epochs"]] == [0, 1, 2]
+    ref_steps = [r["step"] for r in read_report(tmp_path / "ref")["epochs"]]
+    assert [r["step"] for r in read_report(run_dir)["epochs"]] == ref_steps
+    assert len(list(run_dir.glob("**/metrics.csv"))) == 1
