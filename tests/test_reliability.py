@@ -1,0 +1,215 @@
+"""Crash-safe checkpoints, mid-epoch resume, preemption signals, NaN loss, disk faults, a failing DDP rank."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgcls.checkpoint_io import AtomicCheckpointIO
+from imgcls.cli import guarded
+from imgcls.data.samplers import ResumableDataLoader, ShardSampler
+from imgcls.errors import StorageError
+from imgcls.train import run
+from tests.conftest import ROOT, compose_config, make_image_folder, run_cli, tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("data"), classes=3, train_per_class=8, val_per_class=2)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("imgcls: error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    return lines[0]
+
+
+# --- checkpoint files -------------------------------------------------------------------------------------
+class _DiskFull:
+    def __reduce__(self):  # torch.save pickles this after writing part of the file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path: Path) -> None:
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"w": torch.ones(1000)}, path)
+    before = sha(path)
+    with pytest.raises(StorageError, match="No space left on device.*previous checkpoint is intact"):
+        io.save_checkpoint({"w": torch.zeros(1000), "x": _DiskFull()}, path)
+    assert sha(path) == before and list(tmp_path.iterdir()) == [path]
+    assert torch.equal(torch.load(path)["w"], torch.ones(1000))
+
+
+def test_full_disk_while_saving_is_one_line_and_keeps_last_ckpt(data: Path, tmp_path: Path) -> None:
+    argv = [*tiny_overrides(data, "recipe.epochs=2"), f"hydra.run.dir={tmp_path}"]
+    assert run_cli("train.py", *argv, "trainer.max_epochs=1").returncode == 0
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = sha(last)
+    limit = 8 << 20  # 8 MB: logs fit, a 90 MB resnet18 checkpoint does not (EFBIG, as ENOSPC on a full disk)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *argv, "ckpt_path=last"], cwd=ROOT, capture_output=True, text=True,
+        timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )
+    assert result.returncode == 4, result.stderr[-2000:]
+    assert "could not write checkpoint" in one_error_line(result.stderr)
+    assert "previous checkpoint is intact" in result.stderr
+    assert sha(last) == before and not (tmp_path / "checkpoints" / "last.ckpt.tmp").exists()
+
+
+def test_unwritable_run_dir(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "file").write_text("a file, not a directory")  # root ignores chmod, so use a path under a file
+    with pytest.raises(SystemExit) as exit_info:
+        guarded(run, compose_config(tiny_overrides(data), run_dir=tmp_path / "file" / "run"))
+    assert exit_info.value.code == 4
+    assert "is not writable" in one_error_line(capsys.readouterr().err)
+
+
+# --- mid-epoch position -----------------------------------------------------------------------------------
+def _loader(n: int = 40, batch: int = 4, world: int = 1, rank: int = 0) -> ResumableDataLoader:
+    sampler = ShardSampler(n, rank, world, shuffle=True, seed=7, drop_last=True)
+    def collate(samples: list) -> tuple:
+        return torch.tensor([x for x, _ in samples]), torch.tensor([y for _, y in samples]), []
+
+    return ResumableDataLoader([(i, i) for i in range(n)], batch_size=batch, sampler=sampler, drop_last=True,
+                               collate_fn=collate)
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 9])
+def test_resumed_epoch_neither_repeats_nor_skips(stop_after: int) -> None:
+    full = _loader()
+    full.sampler.set_epoch(2)
+    expected = [x.tolist() for x, _ in full]
+    first = _loader()
+    first.sampler.set_epoch(2)
+    it, seen = iter(first), []
+    for _ in range(stop_after):
+        seen.append(next(it)[0].tolist())
+    state = first.state_dict()
+    resumed = _loader()  # a new process: a fresh loader, the state from the checkpoint
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(2)  # Lightning calls set_epoch with the same epoch
+    seen += [x.tolist() for x, _ in resumed]
+    assert seen == expected
+    next_epoch = _loader()
+    next_epoch.sampler.set_epoch(3)
+    resumed.sampler.set_epoch(3)
+    assert [x.tolist() for x, _ in resumed] == [x.tolist() for x, _ in next_epoch]  # then whole epochs again
+
+
+def test_state_saved_at_epoch_end_starts_the_next_epoch() -> None:
+    loader = _loader()
+    loader.sampler.set_epoch(4)
+    list(loader)
+    resumed = _loader()
+    resumed.load_state_dict(loader.state_dict())
+    fresh = _loader()
+    fresh.sampler.set_epoch(5)
+    # Lightning creates the resumed iterator before set_epoch: it must already be epoch 5, from its start.
+    assert [x.tolist() for x, _ in resumed] == [x.tolist() for x, _ in fresh]
+
+
+# --- numerical faults -------------------------------------------------------------------------------------
+def test_nan_loss_stops_naming_step_and_lr_and_keeps_the_last_good_checkpoint(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    overrides = tiny_overrides(data, "recipe.epochs=3", "recipe.lr_per_256=1e12", "recipe.warmup_epochs=0",
+                               "callbacks.checkpoint.every_n_train_steps=1")
+    with pytest.raises(SystemExit) as exit_info:
+        guarded(run, compose_config(overrides, run_dir=tmp_path))
+    line = one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 3
+    assert "train.loss is nan" in line or "train.loss is inf" in line
+    assert " at step " in line and " with lr " in line and "last.ckpt" in line
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert f"at step {ckpt['global_step']} " in line  # the checkpoint is the step right before the bad one
+
+
+# --- signals ----------------------------------------------------------------------------------------------
+def _start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT, text=True,
+                            env={**os.environ, "WANDB_MODE": "offline", **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _long_run(data: Path, run_dir: Path) -> list[str]:
+    return [*tiny_overrides(data, "recipe.epochs=50", "callbacks.checkpoint.every_n_train_steps=2"),
+            f"hydra.run.dir={run_dir}"]
+
+
+def test_sigterm_saves_last_ckpt_and_exits_within_seconds(data: Path, tmp_path: Path) -> None:
+    proc = _start(_long_run(data, tmp_path))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    _wait_for_file(last, proc)  # training has started
+    time.sleep(1.0)
+    mtime = last.stat().st_mtime_ns
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    elapsed = time.monotonic() - sent
+    stderr = proc.stderr.read()
+    assert code == 128 + signal.SIGTERM, stderr[-2000:]
+    assert elapsed < 60
+    assert "received signal 15: saving" in (tmp_path / "train.log").read_text()  # Hydra's log of the run
+    assert last.stat().st_mtime_ns != mtime  # saved on the signal, not just the periodic save before it
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert 0 < ckpt["global_step"] < 150
+
+
+def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # a stand-in that records the requeue call
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.args'}\n")
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
+           "SLURM_JOB_NAME": "imgcls", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    run_dir = tmp_path / "run"
+    proc = _start(_long_run(data, run_dir), env)
+    _wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc)
+    proc.send_signal(signal.SIGUSR1)
+    _wait_for_file(tmp_path / "scontrol.args", proc, timeout=60)
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    hpc = list(run_dir.glob("hpc_ckpt_*.ckpt"))
+    assert len(hpc) == 1 and torch.load(hpc[0], map_location="cpu", weights_only=False)["global_step"] > 0
+    proc.send_signal(signal.SIGTERM)  # what SLURM sends next
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+
+
+# --- distributed ------------------------------------------------------------------------------------------
+def test_ddp_rank_that_fails_does_not_hang_the_other(data: Path, tmp_path: Path) -> None:
+    """Rank 1 meets a real bad file (data.on_bad_image=error) in its first batch; rank 0 must not wait forever."""
+    root = tmp_path / "data"
+    make_image_folder(root, classes=3, train_per_class=8, val_per_class=2)
+    files = sorted(str(p) for p in (root / "train").glob("*/*.jpg"))  # ImageFolder's order
+    first_of_rank1 = ShardSampler(len(files), rank=1, world_size=2, shuffle=True, seed=12345, drop_last=True)
+    bad = Path(files[next(iter(first_of_rank1))])
+    bad.write_bytes(b"")
+    started = time.monotonic()
+    result = run_cli("train.py", *tiny_overrides(root, "data.on_bad_image=error", "data.batch_size=4"),
+                     "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    assert result.returncode != 0
+    assert str(bad) in result.stderr
+    assert time.monotonic() - started < 300
