@@ -6,6 +6,7 @@ It never knows which data backend feeds it: batches are (float images NCHW, int6
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import lightning as L
@@ -122,8 +123,11 @@ class ClassificationModule(L.LightningModule):
         # The schedule spans the recipe's epochs even when this invocation stops earlier
         # (trainer.max_epochs < recipe.epochs: a run split into stages, resumed with ckpt_path).
         epochs = int(self.recipe.epochs)
-        steps_per_epoch = self.trainer.estimated_stepping_batches / max(1, self.trainer.max_epochs)
-        total = max(1, round(steps_per_epoch * epochs))
+        # estimated_stepping_batches loads the train loader (so num_training_batches is known); it is not
+        # used itself because it shrinks with trainer.max_steps / max_epochs.
+        _ = self.trainer.estimated_stepping_batches
+        steps_per_epoch = math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
+        total = max(1, steps_per_epoch * epochs)
         warmup = warmup_steps(total, epochs, float(self.recipe.warmup_epochs))
         scheduler = build_scheduler(optimizer, total, warmup, float(self.recipe.end_lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
