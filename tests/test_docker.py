@@ -4,6 +4,7 @@ keeps the container's torch/torchvision/DALI, and `make docker` builds both file
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -74,7 +75,11 @@ def test_cpu_image_uses_cpu_torch_wheels() -> None:
 
 
 def test_make_docker_builds_both_images() -> None:
-    result = subprocess.run(["make", "-n", "docker"], cwd=ROOT, capture_output=True, text=True)
+    # Run as a top-level make even under `make test`: an inherited MAKELEVEL/MAKEFLAGS makes make print
+    # "Entering directory" lines among the commands.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    command = ["make", "--no-print-directory", "-n", "docker"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     commands = result.stdout.strip().splitlines()
     assert [c.split(" -f ")[1].split()[0] for c in commands] == ["docker/Dockerfile", "docker/Dockerfile.cpu"]
