@@ -257,3 +257,46 @@ def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) 
     one = json.loads(out.read_text())
     assert one["val.top1"] == pytest.approx(two["val.top1"], abs=1e-4)
     assert one["val.loss"] == pytest.approx(two["val.loss"], rel=1e-4)
+
+
+def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
+    """DALI's loader keeps no position (docs/reliability.md): a run stopped mid-epoch (SIGTERM saves
+    last.ckpt at the next optimizer step) resumes at the saved step and finishes that epoch with the
+    remaining number of batches, drawn from a fresh pass over the rank's shard. Step counts, the LR
+    schedule and the later epochs are the same as in an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    data = make_image_folder(tmp_path / "data", classes=3, train_per_class=16, val_per_class=2)
+    args = tiny_overrides(
+        data, "data.backend=dali_cpu", "recipe.epochs=2", "recipe.warmup_epochs=0",
+        "callbacks.checkpoint.every_n_train_steps=2",
+    )  # fmt: skip  # 48 images / batch 8 = 6 steps per epoch
+    full = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'full'}")
+    assert full.returncode == 0, full.stderr[-2000:]
+
+    run_dir = tmp_path / "split"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    last = run_dir / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 300
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
+    stopped = torch.load(last, map_location="cpu", weights_only=False)
+    assert 0 < stopped["global_step"] < 6  # inside epoch 0
+
+    resumed = run_cli("train.py", *args, f"hydra.run.dir={run_dir}", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = read_report(tmp_path / "full")["epochs"], read_report(run_dir)["epochs"]
+    assert [(r["epoch"], r["step"]) for r in b] == [(r["epoch"], r["step"]) for r in a] == [(0, 6), (1, 12)]
+    assert [r["train.lr"] for r in b] == pytest.approx([r["train.lr"] for r in a])

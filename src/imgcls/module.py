@@ -125,9 +125,12 @@ class ClassificationModule(L.LightningModule):
         epochs = int(self.recipe.epochs)
         # estimated_stepping_batches loads the train loader (so num_training_batches is known); it is not
         # used itself because it shrinks with trainer.max_steps / max_epochs.
-        _ = self.trainer.estimated_stepping_batches
-        steps_per_epoch = math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
-        total = max(1, steps_per_epoch * epochs)
+        estimated = self.trainer.estimated_stepping_batches
+        batches = self.trainer.num_training_batches
+        if math.isinf(batches):  # a loader without a length (benchmark mode): Lightning's estimate
+            total = max(1, int(min(estimated, 2**31)))
+        else:
+            total = max(1, math.ceil(batches / self.trainer.accumulate_grad_batches) * epochs)
         warmup = warmup_steps(total, epochs, float(self.recipe.warmup_epochs))
         scheduler = build_scheduler(optimizer, total, warmup, float(self.recipe.end_lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
