@@ -9,8 +9,8 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
-def _checkpoint(dirpath: Path, filename: str, **kwargs: Any) -> ModelCheckpoint:
-    return ModelCheckpoint(
+def _checkpoint(dirpath: Path, filename: str, kind: type[ModelCheckpoint] = ModelCheckpoint, **kwargs: Any) -> Any:
+    return kind(
         dirpath=dirpath,
         filename=filename,
         save_top_k=1,
@@ -21,6 +21,17 @@ def _checkpoint(dirpath: Path, filename: str, **kwargs: Any) -> ModelCheckpoint:
         save_on_train_epoch_end=True,
         **kwargs,
     )
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """last.ckpt every K optimizer steps, except at an epoch's last batch: a checkpoint taken there,
+    before validation, resumes with that epoch's validation (and its report row) skipped. The epoch-end
+    checkpoint follows right after validation instead."""
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if getattr(trainer.fit_loop.epoch_loop.batch_progress, "is_last_batch", False):
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) -> list[ModelCheckpoint]:
@@ -35,7 +46,8 @@ def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) ->
     if has_val and cfg.get("monitor"):
         callbacks.append(_checkpoint(dirpath, "best", monitor=cfg.monitor, mode="max"))
     if cfg.get("every_n_train_steps"):
-        callbacks.append(_checkpoint(dirpath, "last", every_n_train_steps=int(cfg.every_n_train_steps)))
+        steps = int(cfg.every_n_train_steps)
+        callbacks.append(_checkpoint(dirpath, "last", StepCheckpoint, every_n_train_steps=steps))
     return callbacks
 
 
