@@ -70,7 +70,7 @@ class ReportCallback(L.Callback):
         self.extra: dict[str, Any] = {}
         self.train = _Timer()
         self.val = _Timer()
-        self._loss_sum = 0.0
+        self._loss_sum: torch.Tensor | float = 0.0  # a device tensor: no host sync per training step
         self._loss_count = 0
         self._epoch_written = -1
 
@@ -89,7 +89,7 @@ class ReportCallback(L.Callback):
     ) -> None:
         self.train.batch_ended(len(batch[1]), pl_module.device)
         if isinstance(outputs, dict) and "loss_value" in outputs:
-            self._loss_sum += float(outputs["loss_value"])
+            self._loss_sum = self._loss_sum + outputs["loss_value"].detach().float()
             self._loss_count += 1
 
     # --- validation -----------------------------------------------------------------------------
@@ -125,7 +125,8 @@ class ReportCallback(L.Callback):
     # --- the report -----------------------------------------------------------------------------
     def _finish_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, with_val: bool) -> None:
         epoch = trainer.current_epoch
-        loss = torch.tensor([self._loss_sum, float(self._loss_count)], device=pl_module.device)
+        loss_sum = torch.as_tensor(self._loss_sum, dtype=torch.float32, device=pl_module.device).reshape(())
+        loss = torch.stack([loss_sum, torch.tensor(float(self._loss_count), device=pl_module.device)])
         loss = trainer.strategy.reduce(loss, reduce_op="sum")
         row: dict[str, Any] = {"epoch": epoch, "step": trainer.global_step}
         if loss[1] > 0:

@@ -56,6 +56,24 @@ def _normalize(
     )
 
 
+def _read_shard(files: list[str], shard_id: int, num_shards: int, training: bool) -> Any:
+    """This rank's shard of the file list; labels are sample indices (mapped to classes outside DALI).
+
+    Train shuffles and pads instead of reading into the next epoch, so every epoch starts at the shard's
+    beginning. Val is exact: no padding duplicates, each rank keeps its own shard every epoch, and the
+    iterator's PARTIAL policy trims the samples read past the shard's end."""
+    return fn.readers.file(
+        files=files,
+        labels=list(range(len(files))),
+        shard_id=shard_id,
+        num_shards=num_shards,
+        random_shuffle=training,
+        pad_last_batch=training,
+        stick_to_shard=not training,
+        name=READER,
+    )
+
+
 @pipeline_def(enable_conditionals=True)  # conditionals: required by DALI's auto_aug policies
 def train_pipeline(
     files: list[str],
@@ -76,16 +94,7 @@ def train_pipeline(
     randaugment: tuple[int, int] = (2, 9),
     with_crop_shape: bool = False,
 ) -> Any:
-    jpegs, index = fn.readers.file(
-        files=files,
-        labels=list(range(len(files))),
-        shard_id=shard_id,
-        num_shards=num_shards,
-        random_shuffle=True,
-        # Pad instead of reading into the next epoch: every epoch starts at its shard's beginning.
-        pad_last_batch=True,
-        name=READER,
-    )
+    jpegs, index = _read_shard(files, shard_id, num_shards, training=True)
     decoder_args: dict[str, Any] = {}
     if gpu:
         decoder_args = {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
@@ -130,18 +139,7 @@ def val_pipeline(
     layout: str = "CHW",
     fp16: bool = False,
 ) -> Any:
-    jpegs, index = fn.readers.file(
-        files=files,
-        labels=list(range(len(files))),
-        shard_id=shard_id,
-        num_shards=num_shards,
-        random_shuffle=False,
-        # Exact validation: no padding duplicates, and each rank keeps its own shard every epoch;
-        # the iterator's PARTIAL policy trims the samples read past the shard's end.
-        pad_last_batch=False,
-        stick_to_shard=True,
-        name=READER,
-    )
+    jpegs, index = _read_shard(files, shard_id, num_shards, training=False)
     images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
     # The geometry of torchvision's Resize(floor(size / crop_pct)) + CenterCrop(size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own
