@@ -13,7 +13,13 @@ Rows:
   `cores` workers, 1 torch thread each).
 - dali_cpu bare: NVIDIA's PyTorch DALI train pipeline (full decode, random_resized_crop, CMN), for
   reference; not a backend of this project.
-- dali_cpu: this project's backend (ROI decode of the crop window only, resize, CMN).
+- DALI ROI decode: `fn.decoders.image_random_crop` alone: what decoding only the crop window costs.
+- dali_cpu, DALI resize: this backend with data.dali_train_resize=dali (ROI decode, fn.resize, CMN).
+- dali_cpu: this backend as configured by default (ROI decode in DALI, resize/flip/normalize in torch:
+  data/dali_host.py).
+
+The process runs with imgcls.data.dali_host.keep_freed_memory() (glibc keeps freed blocks) for every
+row, since the dali_cpu backend sets it.
 
 Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
 as imagenet-samples/<wnid>/*.JPEG), cores (2), image_size (224), batch_size (64), images (all: at most
@@ -42,13 +48,15 @@ DEFAULTS: dict[str, Any] = {
     "images": None,
     "seconds": 8.0,
     "repeats": 3,
-    "backends": "decode,torchvision,dali_cpu_bare,dali_cpu",
+    "backends": "decode,torchvision,dali_cpu_bare,dali_roi_decode,dali_cpu_dali_resize,dali_cpu",
 }
 ROWS = {
     "decode": "decode ceiling (PIL/libjpeg-turbo full decode)",
     "torchvision": "torchvision DataLoader",
     "dali_cpu_bare": "dali_cpu bare (full decode + RRC, NVIDIA)",
-    "dali_cpu": "dali_cpu (ROI decode, this backend)",
+    "dali_roi_decode": "DALI ROI decode only (crop window, no resize)",
+    "dali_cpu_dali_resize": "dali_cpu, DALI resize (dali_train_resize=dali)",
+    "dali_cpu": "dali_cpu, torch resize (default)",
 }
 
 
@@ -159,23 +167,37 @@ def time_batches(batches: Callable[[], Iterable[Any]], seconds: float, cores: in
     return count / (time.perf_counter() - start), count / (cpu_seconds() - cpu) * cores
 
 
-def data_config(root: Path, args: dict[str, Any], backend: str) -> Any:
+def data_config(root: Path, args: dict[str, Any], backend: str, *extra: str) -> Any:
     from hydra import compose, initialize_config_dir
 
     from imgcls.cli import CONF_DIR
 
     overrides = [
         "data=folder", f"data.root={root}", f"data.backend={backend}", f"model.image_size={args['image_size']}",
-        f"data.num_workers={args['cores']}", "data.pin_memory=false", "hardware=cpu", "model=resnet50",
+        f"data.num_workers={args['cores']}", "data.pin_memory=false", "hardware=cpu", "model=resnet50", *extra,
     ]  # fmt: skip
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="train", overrides=overrides).data
 
 
-def bare_dali(files: list[Path], args: dict[str, Any]) -> Any:
-    """NVIDIA's HybridTrainPipe on CPU (IC/dataloaders.py, in the fn API): full decode, then crop."""
+def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = False) -> Any:
+    """NVIDIA's HybridTrainPipe on CPU (IC/dataloaders.py, in the fn API): full decode, then crop.
+    roi_decode_only: only `fn.decoders.image_random_crop` (crops of varying size, not resized)."""
     from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
+
+    @pipeline_def
+    def roi_pipe() -> Any:
+        jpegs, labels = fn.readers.file(files=[str(f) for f in files], random_shuffle=True, name="Reader")
+        return fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB, num_attempts=100), labels
+
+    if roi_decode_only:
+        built = roi_pipe(batch_size=args["batch_size"], num_threads=args["cores"], device_id=None, seed=1)
+        ragged = DALIRaggedIterator(
+            built, ["data", "label"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True,
+            output_types=[DALIRaggedIterator.SPARSE_LIST_TAG, DALIRaggedIterator.DENSE_TAG],
+        )  # fmt: skip
+        return lambda: ((batch[0]["data"],) for batch in ragged)
 
     @pipeline_def
     def pipe() -> Any:
@@ -202,6 +224,9 @@ def bare_dali(files: list[Path], args: dict[str, Any]) -> Any:
 def run(args: dict[str, Any]) -> list[tuple[str, Rate]]:
     import torch
 
+    from imgcls.data.dali_host import keep_freed_memory
+
+    keep_freed_memory()  # as the dali_cpu backend does; before any worker forks, so every row has it
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args["cores"]]))  # children inherit it
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="imgcls-bench-") as tmp:
@@ -221,15 +246,19 @@ def run(args: dict[str, Any]) -> list[tuple[str, Rate]]:
             makers["torchvision"] = torchvision_rows
         if "dali_cpu_bare" in chosen:
             makers["dali_cpu_bare"] = lambda: bare_dali(files, args)
-        if "dali_cpu" in chosen:
+        if "dali_roi_decode" in chosen:
+            makers["dali_roi_decode"] = lambda: bare_dali(files, args, roi_decode_only=True)
+        for name, resize in (("dali_cpu_dali_resize", "dali"), ("dali_cpu", "auto")):
+            if name in chosen:
 
-            def dali_rows() -> Any:
-                from imgcls.data.backends import make_backend
+                def dali_rows(resize: str = resize) -> Any:
+                    from imgcls.data.backends import make_backend
 
-                loader = make_backend(data_config(root, args, "dali_cpu")).loader("train", args["batch_size"], 0, 1, 0)
-                return lambda: loader
+                    cfg = data_config(root, args, "dali_cpu", f"data.dali_train_resize={resize}")
+                    loader = make_backend(cfg).loader("train", args["batch_size"], 0, 1, 0)
+                    return lambda: loader
 
-            makers["dali_cpu"] = dali_rows
+                makers[name] = dali_rows
         loaders = {name: make() for name, make in makers.items()}
         best: dict[str, Rate] = {}
         for repeat in range(args["repeats"]):  # rows interleaved, so that background load hits them alike

@@ -62,8 +62,11 @@ class RNGState(L.Callback):
         # Applied here, after everything the restore does, right before the first resumed batch.
         if self._loaded:
             if len(self._loaded) != trainer.world_size:
-                log.warning("resuming %d ranks from %d: RNG streams differ from an uninterrupted run",
-                            trainer.world_size, len(self._loaded))
+                log.warning(
+                    "resuming %d ranks from %d: RNG streams differ from an uninterrupted run",
+                    trainer.world_size,
+                    len(self._loaded),
+                )
             states = dict(self._loaded[trainer.global_rank % len(self._loaded)])
             name, keys, pos, has_gauss, gauss = states["numpy"]
             states["numpy"] = (name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
@@ -106,8 +109,9 @@ class Preemption(L.Callback):
         pending = self.received is not None or trainer.received_sigterm  # (before on_train_start: Lightning's flag)
         if trainer.strategy.reduce_boolean_decision(pending, all=False):
             signum = self.received or signal.SIGTERM
-            log.warning("received signal %d: saving %s at step %d and exiting", signum, self.last_path,
-                        trainer.global_step)
+            log.warning(
+                "received signal %d: saving %s at step %d and exiting", signum, self.last_path, trainer.global_step
+            )
             trainer.save_checkpoint(self.last_path)
             raise Preempted(signum)
 

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
+from imgcls.data.dali_host import HostResize, resize_on_host
 from imgcls.data.dali_pipelines import READER, interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import BadImageLog, prescan
@@ -100,6 +101,19 @@ class DaliBackend:
             "seed": _pipeline_seed(seed, rank),
             "prefetch_queue_depth": max(1, int(cfg.prefetch_factor or 2)),
         }
+        host_resize: HostResize | None = None
+        if training and resize_on_host(
+            str(cfg.get("dali_train_resize") or "auto"), self.gpu, cfg.augment, str(cfg.interpolation)
+        ):
+            host_resize = HostResize(
+                size,
+                str(cfg.interpolation),
+                antialias=bool(cfg.get("dali_train_antialias")),
+                mean=list(cfg.mean),
+                std=list(cfg.std),
+                fp16=common["fp16"],
+                pin_memory=bool(cfg.get("pin_memory")),
+            )
         if training:
             randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
             if augment_magnitude is not None:
@@ -113,12 +127,13 @@ class DaliBackend:
                 augment=cfg.augment,
                 randaugment=randaugment,
                 with_crop_shape=with_crop_shape,
+                host_resize=host_resize is not None,
             )
         else:
             pipe = val_pipeline(**common, crop_pct=float(cfg.val_crop_pct))
         targets = torch.tensor([label for _, label in samples], dtype=torch.int64)
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
-        outputs = ["data", "index", "crop_shape"] if with_crop_shape else ["data", "index"]
+        outputs = ["data", "index"] + (["mirror"] if host_resize else []) + (["crop_shape"] if with_crop_shape else [])
         return DaliLoader(
             pipe,
             outputs,
@@ -129,6 +144,7 @@ class DaliBackend:
             drop_last=training,
             trace=trace,
             channels_last=common["layout"] == "HWC",
+            host_resize=host_resize,
         )
 
 
@@ -146,8 +162,10 @@ class DaliLoader:
         drop_last: bool,
         trace: Path | None = None,
         channels_last: bool = False,
+        host_resize: HostResize | None = None,
     ) -> None:
         self.channels_last = channels_last
+        self.host_resize = host_resize
         self.targets = targets
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -163,13 +181,16 @@ class DaliLoader:
             self.length = math.ceil(self.shard_size / batch_size)
         if self.length == 0:
             raise DataError(f"{total} images over {world_size} rank(s) make no full batch of {batch_size}")
-        self._iterator = DALIGenericIterator(
-            pipe,
-            outputs,
-            reader_name=READER,
-            last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL,
-            auto_reset=False,
-        )
+        policy = LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL
+        if host_resize is None:
+            self._iterator = DALIGenericIterator(
+                pipe, outputs, reader_name=READER, last_batch_policy=policy, auto_reset=False
+            )
+        else:  # the crops differ in size: a list of tensors, resized by HostResize
+            types = [DALIRaggedIterator.SPARSE_LIST_TAG] + [DALIRaggedIterator.DENSE_TAG] * (len(outputs) - 1)
+            self._iterator = DALIRaggedIterator(
+                pipe, outputs, reader_name=READER, output_types=types, last_batch_policy=policy, auto_reset=False
+            )
         self._consumed = 0
         self.copy = not getattr(pipe, "exec_dynamic", False)
 
@@ -199,9 +220,11 @@ class DaliLoader:
                 if index.numel() == 0:  # PARTIAL can end a short shard with an empty batch
                     continue
                 images = out["data"]
-                if self.channels_last:  # NHWC from CMN -> an NCHW view with channels_last strides
+                if self.host_resize is not None:  # writes a new batch: no buffer shared with DALI
+                    images = self.host_resize(images, out["mirror"])
+                elif self.channels_last:  # NHWC from CMN -> an NCHW view with channels_last strides
                     images = images.permute(0, 3, 1, 2)
-                if self.copy:  # the classic executor reuses its buffers (module docstring)
+                if self.copy and self.host_resize is None:  # the classic executor reuses its buffers (docstring)
                     images = images.clone()
                 result: tuple[torch.Tensor, ...] = (images, self.targets[index])
                 if "crop_shape" in out:

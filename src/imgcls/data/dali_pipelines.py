@@ -93,7 +93,10 @@ def train_pipeline(
     augment: str | None = None,
     randaugment: tuple[int, int] = (2, 9),
     with_crop_shape: bool = False,
+    host_resize: bool = False,
 ) -> Any:
+    """host_resize: stop after the ROI decode and return (crops, index, mirror[, crop shape]); the loader
+    resizes, flips and normalizes in torch (dali_host.py: DALI's CPU resize is slow)."""
     jpegs, index = _read_shard(files, shard_id, num_shards, training=True)
     decoder_args: dict[str, Any] = {}
     if gpu:
@@ -108,6 +111,9 @@ def train_pipeline(
         **decoder_args,
     )
     crop_shape = images.shape() if with_crop_shape else None  # (h, w, c) of each crop, for tests
+    mirror = fn.random.coin_flip(probability=float(hflip))
+    if host_resize:
+        return (images, index, mirror, crop_shape) if with_crop_shape else (images, index, mirror)
     # antialias=False in training, as NVIDIA (6fcd5f5d "Fix DALI anti-alias flag"): cheaper on CPU.
     images = fn.resize(images, size=[size, size], interp_type=interp_type(interpolation), antialias=antialias)
     if augment == "autoaugment":
@@ -118,7 +124,6 @@ def train_pipeline(
         images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=[size, size])
     elif augment is not None:
         raise ConfigError(f"data.augment={augment} is not allowed; use null, autoaugment or randaugment")
-    mirror = fn.random.coin_flip(probability=float(hflip))
     images = _normalize(images, mirror, mean, std, layout, fp16)
     if with_crop_shape:
         return images, index, crop_shape
