@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -142,3 +144,42 @@ def test_gpu_path_synchronises(monkeypatch: pytest.MonkeyPatch) -> None:
     inference._sync(torch.device("cuda"))
     inference._sync(torch.device("cpu"))
     assert calls == [torch.device("cuda")]
+
+
+def test_loader_benchmark_ratios_are_medians_of_per_repeat_ratios() -> None:
+    from imgcls.bench.data import table
+
+    # The machine's speed drifts 2x between repeats; within a repeat, dali_cpu is 2x torchvision.
+    rates = {
+        "decode": [(400.0, 400.0), (200.0, 200.0), (800.0, 800.0)],
+        "torchvision": [(100.0, 100.0), (50.0, 50.0), (200.0, 200.0)],
+        "dali_cpu": [(200.0, 220.0), (100.0, 100.0), (400.0, 380.0)],
+    }
+    out = table(rates, cores=2)
+    row = next(line for line in out.splitlines() if line.startswith("| dali_cpu, torch resize"))
+    # wall: median 200 img/s, 2.00x torchvision in every repeat, 0.50x the decode ceiling
+    assert row.split(" | ")[1:4] == ["200", "2.00x (2.00-2.00)", "0.50x (0.50-0.50)"]
+    assert row.split(" | ")[5] == "2.00x (1.90-2.20)"  # CPU-time: per-repeat 2.2, 2.0, 1.9
+    assert "Medians of 3 interleaved repeats" in out
+
+
+def test_loader_benchmark_runs_every_backend_on_real_jpegs(image_folder: Path) -> None:
+    """Every row on the same files, with one-line errors for bad arguments."""
+
+    def run_module(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    ok = run_module("imgcls.bench.data", f"data.root={image_folder}", "seconds=0.2", "repeats=1", "batch_size=4")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in ok.stdout.splitlines() if line.startswith("| ")][1:]
+    assert rows == [
+        "decode ceiling (PIL/libjpeg-turbo full decode)", "torchvision DataLoader",
+        "dali_cpu bare (full decode + RRC, NVIDIA)", "DALI ROI decode only (crop window, no resize)",
+        "dali_cpu, DALI resize (dali_train_resize=dali)", "dali_cpu, torch resize (default)",
+    ]  # fmt: skip
+    bad = run_module("imgcls.bench.data", f"data.root={image_folder}", "backends=ffcv")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "imgcls: error: backends=ffcv: unknown ['ffcv']; allowed: decode, torchvision, dali_cpu_bare, "
+        "dali_roi_decode, dali_cpu_dali_resize, dali_cpu"
+    ]

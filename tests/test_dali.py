@@ -179,7 +179,10 @@ def test_host_resize_matches_dali_resize(tmp_path_factory: pytest.TempPathFactor
 def test_host_resize_choice() -> None:
     from imgcls.data.dali_host import resize_on_host
 
-    assert resize_on_host("auto", gpu=False, augment=None, interpolation="bilinear")
+    assert resize_on_host("auto", gpu=False, augment=None, interpolation="bilinear", size=224)
+    assert resize_on_host("auto", gpu=False, augment=None, interpolation="bilinear", size=128)
+    assert not resize_on_host("auto", gpu=False, augment=None, interpolation="bilinear", size=96)
+    assert resize_on_host("torch", gpu=False, augment=None, interpolation="bilinear", size=32)
     assert not resize_on_host("auto", gpu=False, augment="randaugment", interpolation="bicubic")
     assert not resize_on_host("auto", gpu=False, augment=None, interpolation="triangular")
     assert not resize_on_host("auto", gpu=True, augment=None, interpolation="bilinear")
@@ -266,12 +269,14 @@ def test_dali_gpu_matches_dali_cpu_on_val(folder: Path) -> None:
     assert (gpu_x.cpu() - cpu_x).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo: small decode differences
 
 
-def test_one_epoch_train_and_val(folder: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("resize", ["torch", "dali"])
+def test_one_epoch_train_and_val(folder: Path, tmp_path: Path, resize: str) -> None:
     import imgcls.train
 
-    cfg = compose_config(
-        tiny_overrides(folder, "data.backend=dali_cpu", "recipe.epochs=1", "recipe.warmup_epochs=0"), run_dir=tmp_path
+    overrides = tiny_overrides(
+        folder, "data.backend=dali_cpu", "recipe.epochs=1", "recipe.warmup_epochs=0", f"data.dali_train_resize={resize}"
     )
+    cfg = compose_config(overrides, run_dir=tmp_path)
     summary = imgcls.train.run(cfg)
     rows = read_report(tmp_path)["epochs"]
     assert len(rows) == 1 and rows[0]["step"] == 3  # 24 images / batch 8
@@ -284,7 +289,8 @@ def ddp_run(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("ddp")
     args = tiny_overrides(
         folder, "data.backend=dali_cpu", "data.batch_size=4", "recipe.epochs=1", "recipe.warmup_epochs=0",
-        "trainer.devices=2", "trainer.accelerator=cpu", f"data.trace_dir={run_dir}/trace", f"hydra.run.dir={run_dir}",
+        "data.dali_train_resize=torch", "trainer.devices=2", "trainer.accelerator=cpu",
+        f"data.trace_dir={run_dir}/trace", f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     result = run_cli("train.py", *args)
     assert result.returncode == 0, result.stderr[-3000:]

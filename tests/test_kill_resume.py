@@ -88,3 +88,27 @@ def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path:
     ref_steps = [r["step"] for r in read_report(tmp_path / "ref")["epochs"]]
     assert [r["step"] for r in read_report(run_dir)["epochs"]] == ref_steps
     assert len(list(run_dir.glob("**/metrics.csv"))) == 1
+
+
+def test_mid_epoch_resume_with_dataloader_workers_is_bitwise_exact(tmp_path: Path) -> None:
+    """Each image's augmentation is seeded by (seed, epoch, index) (seeding.sample_seed), so a run stopped
+    mid-epoch and resumed with 2 DataLoader worker processes ends with the same weights as one that was
+    not stopped. (A worker's own RNG stream cannot be saved in a checkpoint.) The stop is trainer.max_steps
+    inside an epoch, without step checkpoints: last.ckpt must then be saved after the final step, in
+    mid-epoch state (callbacks/checkpoint.py LastCheckpoint), or the resumed run skips the epoch's rest."""
+    data = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
+    common = tiny_overrides(data, "data.num_workers=2")
+    ref = run_cli("train.py", *common, f"hydra.run.dir={tmp_path / 'ref'}")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    run_dir = tmp_path / "resumed"
+    stopped = run_cli("train.py", *common, "trainer.max_steps=4", f"hydra.run.dir={run_dir}")
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert assert_readable(last) == 4  # the second of epoch 1's three steps: mid-epoch
+    resumed = run_cli("train.py", *common, "ckpt_path=last", f"hydra.run.dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    b = torch.load(last, map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"] == 6
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key

@@ -7,6 +7,11 @@
    and dropout differ between ranks and nodes (NVIDIA seeded by local rank, so nodes repeated each
    other's random streams). Data order is not affected: the samplers shuffle from (data seed, epoch).
 
+3. `sample_seed(seed, epoch, index)` seeds the augmentation of each training image (torchvision
+   backend): a sample's crop and flip depend on nothing else, not on the number of DataLoader workers,
+   the rank that reads it, or where a resumed epoch restarted. That is what makes a mid-epoch resume
+   bitwise exact with worker processes too (a worker's RNG state cannot be saved in a checkpoint).
+
 RankSeed runs in `setup`, i.e. before Lightning restores a checkpoint: RNG state saved in a checkpoint
 (resume) is restored afterwards and wins.
 """
@@ -14,8 +19,13 @@ RankSeed runs in `setup`, i.e. before Lightning restores a checkpoint: RNG state
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import lightning as L
+import numpy as np
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +47,38 @@ class RankSeed(L.Callback):
         # workers=True: dataloader workers derive their seeds from this one (and their worker id).
         L.seed_everything(seed, workers=True, verbose=False)
         log.info("global rank %d of %d: seed %d", trainer.global_rank, trainer.world_size, seed)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 32-bit seed for one sample of one epoch: splitmix64 chained over the three numbers
+    (1 us in Python; numpy's SeedSequence took 12 us, 2 s per epoch for an ImageNet shard of 160k)."""
+    return _splitmix64(_splitmix64(_splitmix64(int(seed)) ^ int(epoch)) ^ int(index)) & 0xFFFFFFFF
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run a transform with Python's, numpy's and torch's CPU RNGs seeded (timm's and torchvision's
+    transforms draw from all three). In a DataLoader worker the global streams are the worker's own; in
+    the main process (num_workers=0) they are restored afterwards, so mixup and dropout keep theirs."""
+    in_worker = torch.utils.data.get_worker_info() is not None
+    saved = None if in_worker else (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.default_generator.manual_seed(seed)  # the CPU generator only: CUDA streams are not touched
+    try:
+        yield
+    finally:
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])

@@ -4,8 +4,12 @@ Times the train pipeline (decode, random-resized crop, flip, normalize) of each 
 JPEG files and the same CPU cores (the process and its workers are pinned to the first `cores` cores),
 next to the decode-only ceiling: a plain libjpeg-turbo full decode of the same files (PIL, one process
 per core). Prints one table of images/s with ratios to torchvision and to that ceiling, measured two
-ways: wall-clock images/s (the best of the repeats) and images per CPU-second times the cores (see
-cpu_seconds: robust to other jobs on a shared machine).
+ways: wall-clock images/s and images per CPU-second times the cores (see cpu_seconds).
+
+Every repeat times all rows back to back, for a few seconds each. The table gives the median rate of
+each row and, for the ratios, the median of the per-repeat ratios: a virtual machine's speed drifts by
+tens of percent over minutes (other tenants), and rows measured seconds apart see the same speed, so
+their ratio is stable where best-of or mean rates across minutes are not.
 
 Rows:
 - decode ceiling: PIL `Image.open().convert("RGB")`, full decode, `cores` processes.
@@ -23,13 +27,14 @@ row, since the dali_cpu backend sets it.
 
 Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
 as imagenet-samples/<wnid>/*.JPEG), cores (2), image_size (224), batch_size (64), images (all: at most
-this many files, spread over the classes), seconds (8: timed seconds per row and repeat), repeats (3:
-the best repeat is reported, since a shared machine only ever slows a run down), backends (all).
+this many files, spread over the classes), seconds (3: timed seconds per row and repeat), repeats (7),
+backends (all).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -46,8 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "image_size": 224,
     "batch_size": 64,
     "images": None,
-    "seconds": 8.0,
-    "repeats": 3,
+    "seconds": 3.0,
+    "repeats": 7,
     "backends": "decode,torchvision,dali_cpu_bare,dali_roi_decode,dali_cpu_dali_resize,dali_cpu",
 }
 ROWS = {
@@ -221,7 +226,7 @@ def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = F
     return lambda: ((batch[0]["data"],) for batch in iterator)
 
 
-def run(args: dict[str, Any]) -> list[tuple[str, Rate]]:
+def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
     import torch
 
     from imgcls.data.dali_host import keep_freed_memory
@@ -260,34 +265,42 @@ def run(args: dict[str, Any]) -> list[tuple[str, Rate]]:
 
                 makers[name] = dali_rows
         loaders = {name: make() for name, make in makers.items()}
-        best: dict[str, Rate] = {}
+        rates: dict[str, list[Rate]] = {}
         for repeat in range(args["repeats"]):  # rows interleaved, so that background load hits them alike
             if "decode" in chosen:
-                rate = bench_decode(files, args["cores"], args["seconds"])
-                best["decode"] = tuple(map(max, best.get("decode", (0.0, 0.0)), rate))  # type: ignore[assignment]
+                rates.setdefault("decode", []).append(bench_decode(files, args["cores"], args["seconds"]))
             for name, batches in loaders.items():
-                rate = time_batches(batches, args["seconds"], args["cores"])
-                best[name] = tuple(map(max, best.get(name, (0.0, 0.0)), rate))  # type: ignore[assignment]
-            summary = ", ".join(f"{k} {wall:.0f} ({cpu:.0f}/cpu)" for k, (wall, cpu) in best.items())
-            print(f"repeat {repeat + 1}, best so far: {summary}", flush=True)
-        return [(name, best[name]) for name in ROWS if name in best]
+                rates.setdefault(name, []).append(time_batches(batches, args["seconds"], args["cores"]))
+            summary = ", ".join(f"{k} {r[-1][0]:.0f} ({r[-1][1]:.0f}/cpu)" for k, r in rates.items())
+            print(f"repeat {repeat + 1}: {summary}", flush=True)
+        return {name: rates[name] for name in ROWS if name in rates}
 
 
-def table(rows: list[tuple[str, Rate]], cores: int) -> str:
-    """Both measures, each with its ratios to torchvision and to the decode ceiling."""
-    values = dict(rows)
+def table(rates: dict[str, list[Rate]], cores: int) -> str:
+    """Both measures: the median rate of each row, and the medians of its per-repeat ratios to torchvision
+    and to the decode ceiling (with their range over the repeats)."""
+
+    def ratio(name: str, ref: str, i: int) -> str:
+        if ref not in rates:
+            return "-"
+        per_repeat = [a[i] / b[i] for a, b in zip(rates[name], rates[ref], strict=True)]
+        if name == ref:
+            return "1.00x"
+        return f"{statistics.median(per_repeat):.2f}x ({min(per_repeat):.2f}-{max(per_repeat):.2f})"
+
     lines = [
         f"| pipeline | img/s (wall) | vs torchvision | vs decode ceiling | img/CPU-s x {cores} | vs torchvision "
         "| vs decode ceiling |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, rate in rows:
+    for name in rates:
         cells = [ROWS[name]]
         for i in (0, 1):
-            cells.append(f"{rate[i]:.0f}")
-            for ref in ("torchvision", "decode"):
-                cells.append(f"{rate[i] / values[ref][i]:.2f}x" if ref in values else "-")
+            cells.append(f"{statistics.median(r[i] for r in rates[name]):.0f}")
+            cells += [ratio(name, "torchvision", i), ratio(name, "decode", i)]
         lines.append("| " + " | ".join(cells) + " |")
+    repeats = len(next(iter(rates.values())))
+    lines.append(f"\nMedians of {repeats} interleaved repeats; in brackets, the range of the per-repeat ratios.")
     return "\n".join(lines)
 
 

@@ -23,13 +23,39 @@ def _checkpoint(dirpath: Path, filename: str, kind: type[ModelCheckpoint] = Mode
     )
 
 
+class LastCheckpoint(ModelCheckpoint):
+    """last.ckpt after every epoch; for a run that stops inside an epoch (trainer.max_steps, or
+    trainer.max_time via Lightning's Timer), after its final optimizer step instead.
+
+    Lightning ends a cut-short epoch with the epoch-end hooks, so a checkpoint saved there records the
+    epoch as complete and a resumed run would skip the rest of it (seen: stop at max_steps=4 of 6, resume,
+    and the run ended at once with "max_epochs=2 reached"). Saved after the final step, the loop state is
+    mid-epoch and the resumed run continues with the next batch."""
+
+    _seen_step = -1
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        stepped, self._seen_step = trainer.global_step != self._seen_step, trainer.global_step
+        stopping = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        if stepped and stopping and not _is_last_batch(trainer):
+            trainer.save_checkpoint(self.format_checkpoint_name({}))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if _is_last_batch(trainer):  # a cut-short epoch was saved at its final step
+            super().on_train_epoch_end(trainer, pl_module)
+
+
+def _is_last_batch(trainer: Any) -> bool:
+    return bool(getattr(trainer.fit_loop.epoch_loop.batch_progress, "is_last_batch", True))
+
+
 class StepCheckpoint(ModelCheckpoint):
     """last.ckpt every K optimizer steps, except at an epoch's last batch: a checkpoint taken there,
     before validation, resumes with that epoch's validation (and its report row) skipped. The epoch-end
     checkpoint follows right after validation instead."""
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if getattr(trainer.fit_loop.epoch_loop.batch_progress, "is_last_batch", False):
+        if _is_last_batch(trainer):
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
@@ -42,7 +68,7 @@ def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) ->
     if cfg is None:
         return []
     dirpath = Path(run_dir) / "checkpoints"
-    callbacks = [_checkpoint(dirpath, "last", every_n_epochs=int(cfg.get("every_n_epochs") or 1))]
+    callbacks = [_checkpoint(dirpath, "last", LastCheckpoint, every_n_epochs=int(cfg.get("every_n_epochs") or 1))]
     if has_val and cfg.get("monitor"):
         callbacks.append(_checkpoint(dirpath, "best", monitor=cfg.monitor, mode="max"))
     if cfg.get("every_n_train_steps"):

@@ -56,7 +56,9 @@ class TorchvisionBackend:
     ) -> DataLoader:
         dataset = self.dataset(split, image_size, augment_magnitude)
         training = split == "train"
-        sampler = ShardSampler(len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training)
+        sampler = ShardSampler(
+            len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training, per_sample_seeds=training
+        )
         return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training, bad_images=self.bad_images)
 
 

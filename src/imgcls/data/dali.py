@@ -103,7 +103,7 @@ class DaliBackend:
         }
         host_resize: HostResize | None = None
         if training and resize_on_host(
-            str(cfg.get("dali_train_resize") or "auto"), self.gpu, cfg.augment, str(cfg.interpolation)
+            str(cfg.get("dali_train_resize") or "auto"), self.gpu, cfg.augment, str(cfg.interpolation), size
         ):
             host_resize = HostResize(
                 size,
@@ -113,6 +113,7 @@ class DaliBackend:
                 std=list(cfg.std),
                 fp16=common["fp16"],
                 pin_memory=bool(cfg.get("pin_memory")),
+                threads=int(cfg.get("dali_resize_threads") or 1),
             )
         if training:
             randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)

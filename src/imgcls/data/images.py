@@ -23,6 +23,7 @@ from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 
 from imgcls.errors import ConfigError, DataError
+from imgcls.seeding import seeded
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +87,19 @@ class CheckedImageFolder(ImageFolder):
     def __init__(self, root: str, transform: Any) -> None:
         super().__init__(root, transform=transform, loader=load_rgb)
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int | tuple[int, int]) -> Any:
+        seed = None
+        if isinstance(index, tuple):  # (index, augmentation seed) from ShardSampler(per_sample_seeds=True)
+            index, seed = index
         path, target = self.samples[index]
         try:
             image = self.loader(path)
         except BadImage as exc:
             return BadSample(path, str(exc))
-        return self.transform(image), target
+        if seed is None:
+            return self.transform(image), target
+        with seeded(seed):
+            return self.transform(image), target
 
 
 def collate_dropping_bad(samples: list[Any]) -> tuple[Any, ...]:

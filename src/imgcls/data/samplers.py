@@ -14,8 +14,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from imgcls.seeding import sample_seed
 
-class ShardSampler(Sampler[int]):
+
+class ShardSampler(Sampler[Any]):
     def __init__(
         self,
         num_samples: int,
@@ -24,8 +26,11 @@ class ShardSampler(Sampler[int]):
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
+        per_sample_seeds: bool = False,
     ) -> None:
         self.num_samples_total = num_samples
+        # Yield (index, seed of that sample's augmentation) pairs: seeding.py item 3.
+        self.per_sample_seeds = per_sample_seeds
         self.rank = rank
         self.world_size = world_size
         self.shuffle = shuffle
@@ -50,9 +55,11 @@ class ShardSampler(Sampler[int]):
             order = order[: len(order) - len(order) % self.world_size]
         return order[self.rank :: self.world_size]
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[Any]:
         indices = self._indices()[self._skip :]
         self._skip = 0
+        if self.per_sample_seeds:
+            return iter([(i, sample_seed(self.seed, self.epoch, i)) for i in indices])
         return iter(indices)
 
     def __len__(self) -> int:
