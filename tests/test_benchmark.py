@@ -156,7 +156,7 @@ def test_loader_benchmark_ratios_are_medians_of_per_repeat_ratios() -> None:
         "dali_cpu": [(200.0, 220.0), (100.0, 100.0), (400.0, 380.0)],
     }
     out = table(rates, cores=2)
-    row = next(line for line in out.splitlines() if line.startswith("| dali_cpu, torch resize"))
+    row = next(line for line in out.splitlines() if line.startswith("| dali_cpu, default"))
     # wall: median 200 img/s, 2.00x torchvision in every repeat, 0.50x the decode ceiling
     assert row.split(" | ")[1:4] == ["200", "2.00x (2.00-2.00)", "0.50x (0.50-0.50)"]
     assert row.split(" | ")[5] == "2.00x (1.90-2.20)"  # CPU-time: per-repeat 2.2, 2.0, 1.9
@@ -175,7 +175,7 @@ def test_loader_benchmark_runs_every_backend_on_real_jpegs(image_folder: Path) -
     assert rows == [
         "decode ceiling (PIL/libjpeg-turbo full decode)", "torchvision DataLoader",
         "dali_cpu bare (full decode + RRC, NVIDIA)", "DALI ROI decode only (crop window, no resize)",
-        "dali_cpu, DALI resize (dali_train_resize=dali)", "dali_cpu, torch resize (default)",
+        "dali_cpu, DALI resize (dali_train_resize=dali)", "dali_cpu, default (auto: torch resize from 128 px)",
     ]  # fmt: skip
     bad = run_module("imgcls.bench.data", f"data.root={image_folder}", "backends=ffcv")
     assert bad.returncode == 2

@@ -298,3 +298,32 @@ def test_torchrun_without_an_id_fails_in_one_line(tmp_path: Path) -> None:
         "torchrun --rdzv-id=ID (or --standalone on one node)"
     ]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights(folder: Path, tmp_path: Path) -> None:
+    """2 processes with random crops, flips and mixup, stopped inside an epoch (trainer.max_steps=4 of 12)
+    and resumed with ckpt_path=last: the same final weights, bitwise, as the run that was not stopped.
+    Covers each rank's sampler position, RNG state (all-gathered into the checkpoint) and the per-sample
+    augmentation seeds under DDP."""
+    args = tiny_overrides(
+        folder, *TWO_PROCESSES, "trainer.devices=2", "recipe.mixup=0.2", "recipe.global_batch_size=8",
+        "data.num_workers=1",
+    )  # fmt: skip
+
+    def train(run_dir: Path, *extra: str) -> None:
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}", *extra],
+            cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    train(tmp_path / "ref")
+    train(tmp_path / "resumed", "trainer.max_steps=4")
+    stopped = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert stopped["global_step"] == 4  # 48 images / (2 ranks x 4) = 6 steps an epoch: mid-epoch
+    train(tmp_path / "resumed", "ckpt_path=last")
+    ref, resumed = final_weights(tmp_path / "ref"), final_weights(tmp_path / "resumed")
+    assert torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+    for name, tensor in ref.items():
+        assert torch.equal(resumed[name], tensor), name
+    assert [r["step"] for r in read_report(tmp_path / "resumed")["epochs"]] == [6, 12]

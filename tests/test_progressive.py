@@ -54,12 +54,13 @@ def test_config_errors_and_policy_strings(folder: Path) -> None:
     assert with_magnitude("rand-n2-m9", 3) == "rand-m3-n2"
 
 
-@pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
-def test_loader_size_follows_the_epoch(folder: Path, backend: str) -> None:
+@pytest.mark.parametrize("backend,resize", [("torchvision", "auto"), ("dali_cpu", "dali"), ("dali_cpu", "torch")])
+def test_loader_size_follows_the_epoch(folder: Path, backend: str, resize: str) -> None:
     if backend.startswith("dali"):
         pytest.importorskip("nvidia.dali")
     overrides = tiny_overrides(
-        folder, f"data.backend={backend}", "recipe.epochs=3", "model.image_size=48", "data.progressive.enabled=true",
+        folder, f"data.backend={backend}", f"data.dali_train_resize={resize}", "recipe.epochs=3",
+        "model.image_size=48", "data.progressive.enabled=true",
         "data.progressive.start_size=16", "data.progressive.multiple_of=16", "data.progressive.end_epoch=2",
     )  # fmt: skip
     cfg = compose_config(overrides)

@@ -61,7 +61,7 @@ ROWS = {
     "dali_cpu_bare": "dali_cpu bare (full decode + RRC, NVIDIA)",
     "dali_roi_decode": "DALI ROI decode only (crop window, no resize)",
     "dali_cpu_dali_resize": "dali_cpu, DALI resize (dali_train_resize=dali)",
-    "dali_cpu": "dali_cpu, torch resize (default)",
+    "dali_cpu": "dali_cpu, default (auto: torch resize from 128 px)",
 }
 
 

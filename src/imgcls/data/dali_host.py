@@ -4,7 +4,7 @@ draws the flips; torch resizes each uint8 crop to the training size, flips and n
 Why not `fn.resize`: on the CPU, DALI's resampler is the most expensive stage of the pipeline. On an
 ImageNet crop it takes 0.74 core-ms, 65% of what the ROI decode costs (2-core EPYC, imagenet-samples-500).
 torch's uint8 resize kernels (AVX2, channels_last) do the same bilinear resize in 0.28 ms. The whole
-pipeline went from 0.76x to over 1.0x of a plain JPEG decode (docs/data-backends.md). Hand-written,
+pipeline went from 0.78x to 1.05x of a plain JPEG decode (docs/data-backends.md). Hand-written,
 because no library offers "DALI decode, torch resize". DALI's own ragged iterator still owns the epoch,
 shard and last-batch logic.
 
@@ -12,7 +12,7 @@ shard and last-batch logic.
 dali_cpu for train sizes of at least 128 px (every ImageNet recipe), unless a DALI AutoAugment/RandAugment
 policy or an interpolation torch lacks needs DALI's resize. Below 128 px torch's per-image Python
 overhead (~0.3 ms) outweighs the pixel work: on 32x32 CIFAR JPEGs DALI's resize ran 1.3-2x faster at
-32-96 px, torch's 1.4x faster at 224. dali_gpu always resizes on the GPU, where DALI's resize is fast.
+32-96 px, torch's 1.3x faster at 224. dali_gpu always resizes on the GPU, where DALI's resize is fast.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ from imgcls.errors import ConfigError
 
 TORCH_MODES = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
-_malloc_tuned = False
-
-
 AUTO_MIN_SIZE = 128  # auto: torch from this train size up (see above)
+_malloc_tuned = False
 
 
 def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: str, size: int = 224) -> bool:
