@@ -47,6 +47,15 @@ def assert_readable(ckpt: Path) -> int:
     return int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
 
 
+def assert_same_final_weights(reference: Path, resumed: Path, steps: int) -> None:
+    """Both checkpoints at STEPS optimizer steps, with bitwise-equal weights."""
+    a = torch.load(reference, map_location="cpu", weights_only=False)
+    b = torch.load(resumed, map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"] == steps
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path: Path) -> None:
     data = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
@@ -78,11 +87,7 @@ def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path:
 
     final = run_cli("train.py", *args(data, run_dir, "ckpt_path=last"))
     assert final.returncode == 0, final.stderr[-2000:]
-    a = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    b = torch.load(last, map_location="cpu", weights_only=False)
-    assert a["global_step"] == b["global_step"] == 12
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
+    assert_same_final_weights(tmp_path / "ref" / "checkpoints" / "last.ckpt", last, steps=12)
     # The run dir, its report and its CSV log continued instead of starting over.
     assert [r["epoch"] for r in read_report(run_dir)["epochs"]] == [0, 1, 2, 3]
     ref_steps = [r["step"] for r in read_report(tmp_path / "ref")["epochs"]]
@@ -107,8 +112,4 @@ def test_mid_epoch_resume_with_dataloader_workers_is_bitwise_exact(tmp_path: Pat
     assert assert_readable(last) == 4  # the second of epoch 1's three steps: mid-epoch
     resumed = run_cli("train.py", *common, "ckpt_path=last", f"hydra.run.dir={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    a = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    b = torch.load(last, map_location="cpu", weights_only=False)
-    assert a["global_step"] == b["global_step"] == 6
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
+    assert_same_final_weights(tmp_path / "ref" / "checkpoints" / "last.ckpt", last, steps=6)

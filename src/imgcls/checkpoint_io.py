@@ -41,17 +41,15 @@ def write_atomic(path: Path, write: Any) -> None:
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
         _fsync_dir(path.parent)  # the rename itself survives a power loss
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # torch.save wraps some write failures (EFBIG) in RuntimeError
         with contextlib.suppress(OSError):
             tmp.unlink()  # no half-written orphan; a full disk gets its space back
-        reason = exc.strerror or type(exc).__name__
+        if isinstance(exc, OSError):
+            reason = exc.strerror or type(exc).__name__
+        else:
+            reason = str(exc).splitlines()[0]
         kept = "the previous checkpoint is intact" if path.exists() else "no checkpoint was written"
         raise StorageError(f"could not write checkpoint {path} ({reason}); {kept}") from None
-    except RuntimeError as exc:  # torch.save wraps some write failures (e.g. EFBIG) in RuntimeError
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        kept = "the previous checkpoint is intact" if path.exists() else "no checkpoint was written"
-        raise StorageError(f"could not write checkpoint {path} ({str(exc).splitlines()[0]}); {kept}") from None
 
 
 def _fsync_dir(directory: Path) -> None:

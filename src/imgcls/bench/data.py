@@ -192,21 +192,10 @@ def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = F
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
 
     @pipeline_def
-    def roi_pipe() -> Any:
-        jpegs, labels = fn.readers.file(files=[str(f) for f in files], random_shuffle=True, name="Reader")
-        return fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB, num_attempts=100), labels
-
-    if roi_decode_only:
-        built = roi_pipe(batch_size=args["batch_size"], num_threads=args["cores"], device_id=None, seed=1)
-        ragged = DALIRaggedIterator(
-            built, ["data", "label"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True,
-            output_types=[DALIRaggedIterator.SPARSE_LIST_TAG, DALIRaggedIterator.DENSE_TAG],
-        )  # fmt: skip
-        return lambda: ((batch[0]["data"],) for batch in ragged)
-
-    @pipeline_def
     def pipe() -> Any:
         jpegs, labels = fn.readers.file(files=[str(f) for f in files], random_shuffle=True, name="Reader")
+        if roi_decode_only:
+            return fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB, num_attempts=100), labels
         images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
         size = args["image_size"]
         images = fn.random_resized_crop(
@@ -220,10 +209,21 @@ def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = F
         return images, labels
 
     built = pipe(batch_size=args["batch_size"], num_threads=args["cores"], device_id=None, seed=1)
-    iterator = DALIGenericIterator(
-        built, ["data", "label"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
-    )
+    common = {"reader_name": "Reader", "last_batch_policy": LastBatchPolicy.DROP, "auto_reset": True}
+    if roi_decode_only:  # crops of different sizes: a list of tensors per batch
+        ragged = [DALIRaggedIterator.SPARSE_LIST_TAG, DALIRaggedIterator.DENSE_TAG]
+        iterator = DALIRaggedIterator(built, ["data", "label"], output_types=ragged, **common)
+    else:
+        iterator = DALIGenericIterator(built, ["data", "label"], **common)
     return lambda: ((batch[0]["data"],) for batch in iterator)
+
+
+def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str) -> Any:
+    """One of this project's backends, as configured by `data=folder` plus EXTRA overrides."""
+    from imgcls.data.backends import make_backend
+
+    loader = make_backend(data_config(root, args, backend, *extra)).loader("train", args["batch_size"], 0, 1, seed=0)
+    return lambda: loader
 
 
 def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
@@ -237,34 +237,15 @@ def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
     with tempfile.TemporaryDirectory(prefix="imgcls-bench-") as tmp:
         root, files = link_dataset(class_folders(args["data.root"]), args["images"], Path(tmp))
         print(f"{len(files)} JPEG files from {args['data.root']}, {args['cores']} cores, {args['image_size']} px")
-        makers: dict[str, Callable[[], Any]] = {}
+        makers: dict[str, Callable[[], Any]] = {
+            "torchvision": lambda: backend_rows(root, args, "torchvision"),
+            "dali_cpu_bare": lambda: bare_dali(files, args),
+            "dali_roi_decode": lambda: bare_dali(files, args, roi_decode_only=True),
+            "dali_cpu_dali_resize": lambda: backend_rows(root, args, "dali_cpu", "data.dali_train_resize=dali"),
+            "dali_cpu": lambda: backend_rows(root, args, "dali_cpu"),
+        }
         chosen = args["backends"].split(",")
-        if "torchvision" in chosen:
-
-            def torchvision_rows() -> Any:
-                from imgcls.data.backends import make_backend
-
-                cfg = data_config(root, args, "torchvision")
-                loader = make_backend(cfg).loader("train", args["batch_size"], 0, 1, seed=0)
-                return lambda: loader
-
-            makers["torchvision"] = torchvision_rows
-        if "dali_cpu_bare" in chosen:
-            makers["dali_cpu_bare"] = lambda: bare_dali(files, args)
-        if "dali_roi_decode" in chosen:
-            makers["dali_roi_decode"] = lambda: bare_dali(files, args, roi_decode_only=True)
-        for name, resize in (("dali_cpu_dali_resize", "dali"), ("dali_cpu", "auto")):
-            if name in chosen:
-
-                def dali_rows(resize: str = resize) -> Any:
-                    from imgcls.data.backends import make_backend
-
-                    cfg = data_config(root, args, "dali_cpu", f"data.dali_train_resize={resize}")
-                    loader = make_backend(cfg).loader("train", args["batch_size"], 0, 1, 0)
-                    return lambda: loader
-
-                makers[name] = dali_rows
-        loaders = {name: make() for name, make in makers.items()}
+        loaders = {name: make() for name, make in makers.items() if name in chosen}
         rates: dict[str, list[Rate]] = {}
         for repeat in range(args["repeats"]):  # rows interleaved, so that background load hits them alike
             if "decode" in chosen:

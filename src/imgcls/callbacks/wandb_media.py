@@ -48,8 +48,6 @@ class WandbMedia(L.Callback):
             return
         self._logged_images = True
         images, labels = batch[0][: self.images].detach().float().cpu(), batch[1][: self.images].cpu()
-        if images.shape[-1] == 3:  # NHWC (DALI channels_last) -> NCHW
-            images = images.permute(0, 3, 1, 2)
         images = (images * self.std + self.mean).clamp(0, 1)  # undo the loader's normalization
         grid = make_grid(images, nrow=min(8, len(images)), padding=2)
         caption = " ".join(self.classes[int(k)] for k in labels)

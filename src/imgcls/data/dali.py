@@ -1,7 +1,8 @@
 """The dali_cpu / dali_gpu data backends: DALI pipelines behind the same loader interface as torchvision.
 
 `DaliBackend.loader()` builds a pipeline (dali_pipelines.py) for one rank and wraps DALI's
-`DALIGenericIterator` in `DaliLoader`, the thin Lightning adapter. The adapter is hand-written because
+`DALIGenericIterator` (or `DALIRaggedIterator` when the torch resize of dali_host.py takes the crops) in
+`DaliLoader`, the thin Lightning adapter. The adapter is hand-written because
 Lightning has no DALI integration (Lightning #791, won't fix) and DALI's iterator alone breaks under it:
 - Lightning prefetches one batch ahead, so a batch must outlive the next iterator call. DALI's classic
   executor owned its output buffers until the next call (DALI PR #3239); with DALI 2's dynamic executor

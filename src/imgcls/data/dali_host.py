@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,7 +31,6 @@ from imgcls.errors import ConfigError
 TORCH_MODES = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 AUTO_MIN_SIZE = 128  # auto: torch from this train size up (see above)
-_malloc_tuned = False
 
 
 def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: str, size: int = 224) -> bool:
@@ -54,6 +54,7 @@ def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: s
     return not augment and interpolation in TORCH_MODES and size >= AUTO_MIN_SIZE
 
 
+@functools.cache  # once per process
 def keep_freed_memory() -> None:
     """Stop glibc from unmapping freed blocks over 32 MiB.
 
@@ -61,9 +62,6 @@ def keep_freed_memory() -> None:
     batch is a fresh mmap and page-faults in its memory again: 0.3 ms an image here, a third of the
     pipeline. The same tuning as MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_, or what PyTorch's CPU
     tuning guide gets from jemalloc/tcmalloc. A no-op off glibc."""
-    global _malloc_tuned
-    if _malloc_tuned:
-        return
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name).mallopt if name else None
@@ -72,7 +70,6 @@ def keep_freed_memory() -> None:
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, 1 << 30)
         mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    _malloc_tuned = True
 
 
 class HostResize:
@@ -94,8 +91,9 @@ class HostResize:
         # process at about 2,500 img/s at 224 px: enough for 2 cores, not for the 16 cores a DGX gives a GPU.
         self.threads = max(1, int(threads))
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgcls-resize") if self.threads > 1 else None
-        self.mode = TORCH_MODES[interpolation]
-        self.antialias = bool(antialias) and self.mode != "nearest"
+        mode = TORCH_MODES[interpolation]
+        # torch antialiases only the bilinear/bicubic modes (it refuses antialias=True for nearest)
+        self.resize_args = {"mode": mode, "antialias": bool(antialias) and mode != "nearest"}
         self.dtype = torch.float16 if fp16 else torch.float32
         # x * (1/std) + (-mean/std): one multiply-add per value, in 0-255 units like CMN.
         self.scale = (1.0 / (torch.tensor(std) * 255)).view(3, 1, 1).to(self.dtype)
@@ -120,10 +118,9 @@ class HostResize:
 
     def _fill(self, batch: torch.Tensor, crops: Sequence[torch.Tensor], flips: list[int], share: range) -> None:
         size = self.size
-        kwargs = {"antialias": self.antialias} if self.mode != "nearest" else {}
         for i in share:
             image = crops[i].permute(2, 0, 1).unsqueeze(0)  # HWC -> 1CHW view with NHWC strides: no copy
-            image = F.interpolate(image, size=(size, size), mode=self.mode, **kwargs)[0]
+            image = F.interpolate(image, size=(size, size), **self.resize_args)[0]
             if flips[i]:
                 image = image.flip(-1)
             # Normalized one image at a time, while it is still in cache.

@@ -58,8 +58,9 @@ class ShardSampler(Sampler[Any]):
     def __iter__(self) -> Iterator[Any]:
         indices = self._indices()[self._skip :]
         self._skip = 0
-        if self.per_sample_seeds:
-            return iter([(i, sample_seed(self.seed, self.epoch, i)) for i in indices])
+        if self.per_sample_seeds:  # lazily: the DataLoader takes indices as its workers need them
+            seed, epoch = self.seed, self.epoch
+            return ((i, sample_seed(seed, epoch, i)) for i in indices)
         return iter(indices)
 
     def __len__(self) -> int:
