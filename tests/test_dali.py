@@ -44,6 +44,9 @@ def test_backend_choice_errors(folder: Path) -> None:
         make_backend(data_cfg(folder, "data.backend=dali_fast"))
     with pytest.raises(ConfigError, match="data.interpolation=box is not supported by DALI; allowed: bilinear"):
         make_backend(data_cfg(folder, "data.interpolation=box"))
+    for threads in ("two", "-1"):
+        with pytest.raises(ConfigError, match=f"data.dali_resize_threads={threads} must be a whole number >= 0"):
+            make_backend(data_cfg(folder, f"data.dali_resize_threads={threads}"))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="dali_gpu needs a CUDA GPU") as info:
             make_backend(data_cfg(folder, "data.backend=dali_gpu"))

@@ -50,6 +50,9 @@ class DaliBackend:
         self.cfg = cfg
         self.gpu = device == "gpu"
         interp_type(str(cfg.interpolation))  # fail early on an interpolation DALI lacks
+        threads = cfg.get("dali_resize_threads")
+        if threads is not None and (not isinstance(threads, int) or threads < 0):  # 0 or 1: one thread
+            raise ConfigError(f"data.dali_resize_threads={threads} must be a whole number >= 0 (default: num_workers)")
         self.classes = classes_of(cfg.root, "train")
         check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
         self._samples: dict[str, list[tuple[str, int]]] = {}
@@ -114,7 +117,7 @@ class DaliBackend:
                 std=list(cfg.std),
                 fp16=common["fp16"],
                 pin_memory=bool(cfg.get("pin_memory")),
-                threads=int(cfg.get("dali_resize_threads") or 1),
+                threads=cfg.get("dali_resize_threads") or 1,
             )
         if training:
             randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
