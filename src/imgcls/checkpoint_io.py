@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,11 @@ def _fsync_dir(directory: Path) -> None:
 def check_writable(run_dir: str | Path) -> None:
     """Fail before training (one line) when the run dir cannot hold checkpoints, not hours later."""
     run_dir = Path(run_dir)
-    probe = run_dir / "checkpoints" / f".write-probe-{os.getpid()}"
     try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        # mkstemp (O_EXCL): the probe is always a new file of ours, never one that happens to share its name.
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=run_dir / "checkpoints")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise StorageError(f"run_dir={run_dir} is not writable ({exc.strerror or type(exc).__name__})") from None

@@ -9,14 +9,21 @@ consistently with the weights it resumed from.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+
+from imgcls.errors import StorageError
+
+_UMASK = os.umask(0o022)  # read once, at import (setting it is the only way to read it), and put back
+os.umask(_UMASK)
 
 # How each metric is summarized over the run (NVIDIA's meters, with MinMeter really a min).
 RUN_SUMMARY = {"loss": min, "top1": max, "top5": max}
@@ -176,8 +183,21 @@ class ReportCallback(L.Callback):
 
 
 def write_json_atomic(path: Path, document: Any) -> None:
-    """Write then rename, so a reader (or a kill) never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    """Write then rename, so a reader (or a kill) never sees a half-written file.
+
+    PATH may be a user's `output=`, so the temp file is made with O_EXCL (mkstemp): it can never be, or
+    truncate, a file of theirs, and it is the only thing removed when the write fails."""
+    text = json.dumps(document, indent=2, sort_keys=False) + "\n"
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; a report is as readable as any file
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise StorageError(f"could not write {path} ({exc.strerror or type(exc).__name__})") from None
