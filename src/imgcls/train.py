@@ -17,6 +17,7 @@ from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.resilience import BadImageReport, FiniteLoss, Preemption, RNGState
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.checkpoint_io import AtomicCheckpointIO, check_writable
+from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError, ConfigError
 from imgcls.loggers import build_loggers, close_loggers
@@ -107,6 +108,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) one run; return the run summary of report.json."""
+    check_config(cfg)  # every value, once, before anything is built (one line per bad value)
     if cfg.get("mode") == "benchmark":  # NVIDIA benchmark_training: timed iterations only
         from imgcls.bench.training import run as benchmark_training  # it imports this module
 

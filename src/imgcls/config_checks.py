@@ -1,0 +1,322 @@
+"""Every value of the resolved config checked once, up front, against one table of key -> allowed values.
+
+Choice: a checked table rather than Hydra structured configs. Structured configs would mean a dataclass
+per group option (15 models, 6 hardware profiles with free-form batch tables, 4 recipes, ...) and
+still no ranges (OmegaConf checks types only). The table names every key of the shipped configs with
+its type and range; tests/test_config_checks.py composes every group option and fails when a key is
+missing from it, so a new key cannot slip past unchecked. Keys a user adds themselves (`+trainer.x=...`,
+passed on to Lightning) are left to their consumer.
+
+A bad value ends the run before anything is built, in one line naming the key, the value and what is
+allowed (ConfigError, exit 2). Strings whose allowed values depend on the installed libraries (model
+arch, backend, optimizer, ...) are checked where they are used; here they only need to be present.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from imgcls.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# A check returns None when the value is allowed, else what is allowed ("a positive integer").
+Check = Callable[[Any], "str | None"]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def integer(low: int, high: int | None = None, null: bool = False, also: tuple[int, ...] = ()) -> Check:
+    if high is not None:
+        what = f"an integer from {low} to {high}"
+    else:
+        what = {0: "an integer >= 0", 1: "a positive integer"}.get(low, f"an integer >= {low}")
+    if also:
+        what += " (or " + ", ".join(map(str, also)) + ")"
+    what += " or null" if null else ""
+
+    def check(v: Any) -> str | None:
+        if v is None and null or v in also and _is_int(v):
+            return None
+        ok = _is_int(v) and v >= low and (high is None or v <= high)
+        return None if ok else what
+
+    return check
+
+
+def number(low: float, high: float | None = None, *, open_low: bool = False, open_high: bool = False,
+           null: bool = False) -> Check:  # fmt: skip
+    left, right = "(" if open_low else "[", ")" if open_high else "]"
+    if high is None:
+        what = f"a number {'>' if open_low else '>='} {low:g}"
+    else:
+        what = f"a number in {left}{low:g}, {high:g}{right}"
+    what += " or null" if null else ""
+
+    def check(v: Any) -> str | None:
+        if v is None and null:
+            return None
+        if not _is_number(v):
+            return what
+        above = v > low if open_low else v >= low
+        below = high is None or (v < high if open_high else v <= high)
+        return None if above and below else what
+
+    return check
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def choice(*allowed: str) -> Check:
+    def check(v: Any) -> str | None:
+        return None if v in allowed else "one of " + ", ".join(allowed)
+
+    return check
+
+
+def anything(v: Any) -> str | None:  # checked where it is used (see the module docstring)
+    return None
+
+
+def numbers(length: int, low: float, high: float | None = None, ordered: bool = False, open_low: bool = False) -> Check:
+    item = number(low, high, open_low=open_low)
+    what = f"a list of {length} numbers, each {item(None).removeprefix('a ')}"  # item(None) is its own text
+    what += ", in increasing order" if ordered else ""
+
+    def check(v: Any) -> str | None:
+        if not isinstance(v, (list, tuple, ListConfig)) or len(v) != length or any(item(x) for x in v):
+            return what
+        return None if not ordered or list(v) == sorted(v) else what
+
+    return check
+
+
+def limit_batches(zero_ok: bool) -> Check:
+    """Lightning's limit_*_batches: a count of batches or a fraction of the epoch."""
+    if zero_ok:
+        what = "a number of batches >= 0, a fraction in [0, 1], or null"
+    else:
+        what = "a number of batches >= 1, a fraction in (0, 1], or null"
+
+    def check(v: Any) -> str | None:
+        if v is None:
+            return None
+        if _is_int(v):
+            return None if v >= (0 if zero_ok else 1) else what
+        if _is_number(v) and (0 <= v <= 1 if zero_ok else 0 < v <= 1):
+            return None
+        return what
+
+    return check
+
+
+POSITIVE = integer(1)
+POSITIVE_OR_NULL = integer(1, null=True)
+COUNT = integer(0)
+RATE = number(0, 1, open_high=True)  # a probability or fraction that must leave something (dropout, smoothing)
+WEIGHT_DECAY = number(0)
+STEPS_LIMIT = integer(1, also=(-1,))  # Lightning: -1 = no limit; 0 would "train" nothing and exit 0
+
+# Patterns (fnmatch, `*` = one or more name parts) in the order the config composes them.
+TRAIN: dict[str, Check] = {
+    "task_name": anything,
+    "mode": choice("train", "benchmark"),
+    "benchmark.warmup": COUNT,
+    "benchmark.iterations": POSITIVE,
+    "seed": integer(0, 2**32 - 1),  # numpy's and DALI's seed range
+    "deterministic": boolean,
+    "ckpt_path": anything,
+    "compile": boolean,
+    "run_dir": anything,
+    "expected": anything,  # an experiment's published result, copied to report.json as is
+    "expected.*": anything,
+    # model
+    "model.name": anything,
+    "model.arch": anything,
+    "model.image_size": POSITIVE,
+    "model.drop_rate": RATE,
+    "model.drop_path_rate": RATE,
+    "model.conv_init": anything,
+    "model.zero_init_last_bn": boolean,
+    "model.bn_momentum": number(0, 1, open_low=True, null=True),
+    "model.bn_eps": number(0, open_low=True, null=True),
+    "model.weight_decay": WEIGHT_DECAY,
+    "model.lr_per_256": number(0, open_low=True, null=True),
+    "model.batch_profile": anything,
+    "model.batch_divisor": POSITIVE,
+    "model.weights": anything,
+    "model.channels_last": boolean,
+    # precision
+    "precision.name": anything,
+    "precision.lightning": anything,
+    "precision.memory_class": choice("full", "half"),
+    "precision.channels_last": boolean,
+    "precision.tf32": boolean,
+    "precision.loss_scale": anything,  # null or the GradScaler settings below
+    "precision.loss_scale.init_scale": number(0, open_low=True),
+    "precision.loss_scale.growth_factor": number(1, open_low=True),
+    "precision.loss_scale.backoff_factor": number(0, 1, open_low=True, open_high=True),
+    "precision.loss_scale.growth_interval": POSITIVE,
+    # hardware
+    "hardware.name": anything,
+    "hardware.accelerator": anything,
+    "hardware.devices": anything,  # an int, "auto" or a device list: runtime.world_size_of checks it
+    "hardware.num_workers": COUNT,
+    "hardware.prefetch_factor": POSITIVE_OR_NULL,
+    "hardware.pin_memory": boolean,
+    "hardware.data_backend": anything,
+    "hardware.batch.*.per_device": POSITIVE,
+    "hardware.batch.*.global": POSITIVE,
+    "hardware.batch.*.weight_decay": number(0, null=True),
+    # recipe
+    "recipe.name": anything,
+    "recipe.epochs": POSITIVE,
+    "recipe.warmup_epochs": number(0),
+    "recipe.optimizer": anything,
+    "recipe.momentum": RATE,
+    "recipe.nesterov": boolean,
+    "recipe.rmsprop_alpha": number(0, 1, open_low=True, open_high=True, null=True),
+    "recipe.rmsprop_eps": number(0, open_low=True, null=True),
+    "recipe.lr_per_256": number(0, open_low=True),
+    "recipe.end_lr": number(0),
+    "recipe.schedule": choice("cosine"),  # nothing else is implemented; another value would be ignored
+    "recipe.global_batch_size": POSITIVE_OR_NULL,
+    "recipe.weight_decay": number(0, null=True),
+    "recipe.norm_bias_weight_decay": boolean,
+    "recipe.label_smoothing": RATE,
+    "recipe.mixup": number(0),  # Beta(alpha, alpha); 0 = off
+    "recipe.cutmix": number(0),
+    "recipe.augment": anything,
+    "recipe.interpolation": anything,
+    "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
+    # data
+    "data.name": anything,
+    "data.root": anything,
+    "data.backend": anything,
+    "data.batch_size": POSITIVE_OR_NULL,
+    "data.val_batch_size": POSITIVE_OR_NULL,
+    "data.num_workers": COUNT,
+    "data.prefetch_factor": POSITIVE_OR_NULL,
+    "data.pin_memory": boolean,
+    "data.persistent_workers": boolean,
+    "data.image_size": POSITIVE,
+    "data.val_crop_pct": number(0, 1, open_low=True),
+    "data.train_crop_scale": numbers(2, 0, 1, ordered=True, open_low=True),
+    "data.train_crop_ratio": numbers(2, 0, ordered=True, open_low=True),
+    "data.hflip": number(0, 1),
+    "data.interpolation": anything,
+    "data.augment": anything,
+    "data.randaugment": anything,
+    "data.mean": numbers(3, 0, 1),
+    "data.std": numbers(3, 0, open_low=True),
+    "data.num_classes": POSITIVE_OR_NULL,
+    "data.train_samples": POSITIVE,
+    "data.val_samples": POSITIVE,
+    "data.channels_last": boolean,
+    "data.dali_fp16": boolean,
+    "data.dali_train_resize": anything,
+    "data.dali_resize_threads": COUNT,
+    "data.dali_train_antialias": boolean,
+    "data.on_bad_image": choice("skip", "error"),
+    "data.trace_dir": anything,
+    "data.progressive.enabled": boolean,
+    "data.progressive.start_size": POSITIVE,
+    "data.progressive.end_size": POSITIVE_OR_NULL,
+    "data.progressive.stages": POSITIVE_OR_NULL,
+    "data.progressive.start_epoch": COUNT,
+    "data.progressive.end_epoch": POSITIVE_OR_NULL,
+    "data.progressive.multiple_of": POSITIVE,
+    "data.progressive.total_epochs": POSITIVE,
+    "data.progressive.start_magnitude": integer(0, null=True),
+    # logger
+    "logger.wandb.project": anything,
+    "logger.wandb.entity": anything,
+    "logger.wandb.name": anything,
+    "logger.wandb.offline": boolean,
+    "logger.wandb.log_model": boolean,
+    "logger.wandb.tags": anything,
+    "logger.wandb.log_images": COUNT,
+    "logger.wandb.confusion_max_classes": COUNT,
+    # callbacks
+    "callbacks.checkpoint": anything,  # null = no checkpoints
+    "callbacks.checkpoint.monitor": anything,
+    "callbacks.checkpoint.every_n_train_steps": POSITIVE_OR_NULL,
+    "callbacks.checkpoint.every_n_epochs": POSITIVE_OR_NULL,
+    "callbacks.progress_bar": anything,
+    "callbacks.lr_monitor": boolean,
+    # trainer (any other key a user adds goes to lightning.Trainer as is)
+    "trainer.accelerator": anything,
+    "trainer.devices": anything,
+    "trainer.num_nodes": POSITIVE,
+    "trainer.max_epochs": STEPS_LIMIT,
+    "trainer.max_steps": STEPS_LIMIT,
+    "trainer.sync_batchnorm": boolean,
+    "trainer.gradient_clip_val": number(0, null=True),
+    "trainer.log_every_n_steps": POSITIVE,
+    "trainer.limit_train_batches": limit_batches(zero_ok=False),
+    "trainer.limit_val_batches": limit_batches(zero_ok=True),
+    "trainer.check_val_every_n_epoch": POSITIVE_OR_NULL,
+    "trainer.num_sanity_val_steps": integer(0, also=(-1,)),
+    "trainer.enable_progress_bar": boolean,
+    "trainer.enable_model_summary": boolean,
+}
+
+
+def leaves(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, resolved value) of every leaf; a list is one leaf; an empty mapping is none."""
+    for key in cfg.keys():
+        dotted = f"{prefix}{key}"
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_none():
+            yield from leaves(node, dotted + ".")
+        elif not OmegaConf.is_missing(cfg, key):  # `???` is reported by whoever needs the value ("must be set")
+            yield dotted, cfg[key]  # resolved
+
+
+def rule_for(key: str, table: dict[str, Check]) -> Check | None:
+    if key in table:
+        return table[key]
+    return next((check for pattern, check in table.items() if "*" in pattern and fnmatch.fnmatch(key, pattern)), None)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, ListConfig):
+        value = OmegaConf.to_container(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def check_config(cfg: DictConfig, table: dict[str, Check] | None = None) -> None:
+    """Raise ConfigError for the first value the table does not allow; warn about a warmup as long as the run."""
+    table = TRAIN if table is None else table
+    for key, value in leaves(cfg):
+        check = rule_for(key, table)
+        allowed = check(value) if check is not None else None
+        if allowed is not None:
+            raise ConfigError(f"{key}={_shown(value)} must be {allowed}")
+    recipe = cfg.get("recipe")
+    if recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
+        warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
+        if warmup >= epochs:
+            log.warning(
+                "recipe.warmup_epochs=%g is not shorter than the run (recipe.epochs=%d): the learning rate is "
+                "still warming up when training ends and never reaches its peak or decays",
+                warmup, epochs,
+            )  # fmt: skip

@@ -1,0 +1,118 @@
+"""Bad values, tried as a new user would: one line naming the key, the value and what is allowed; exit 2;
+no traceback; nothing trained (issue 10, "Bad values"). And the table behind it covers every key."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+
+from imgcls.cli import options
+from imgcls.config_checks import TRAIN, anything, check_config, leaves, rule_for
+from tests.conftest import ROOT, compose_config
+from tests.test_errors import assert_one_line_error
+
+# (override, what the one line must say). The first six are the issue's; the rest are their neighbours.
+BAD = [
+    ("data.batch_size=abc", "data.batch_size=abc must be a positive integer"),
+    ("recipe.lr_per_256=-1", "recipe.lr_per_256=-1 must be a number > 0"),
+    ("data.num_workers=-1", "data.num_workers=-1 must be an integer >= 0"),
+    ("recipe.label_smoothing=1.5", "recipe.label_smoothing=1.5 must be a number in [0, 1)"),
+    ("recipe.epochs=0", "recipe.epochs=0 must be a positive integer"),
+    ("model.image_size=-5", "model.image_size=-5 must be a positive integer"),
+    ("data.image_size=0", "data.image_size=0 must be a positive integer"),
+    ("recipe.weight_decay=-1", "recipe.weight_decay=-1 must be a number >= 0"),
+    ("trainer.max_epochs=-3", "trainer.max_epochs=-3 must be a positive integer (or -1)"),
+    ("data.prefetch_factor=0", "data.prefetch_factor=0 must be a positive integer"),
+    ("recipe.mixup=-0.2", "recipe.mixup=-0.2 must be a number >= 0"),
+    ("data.train_crop_scale=[0.9,0.1]", "data.train_crop_scale=[0.9, 0.1] must be a list of 2 numbers"),
+    ("compile=yes", "compile=yes must be true or false"),
+]
+
+
+def cli(override: str, workdir: Path) -> subprocess.CompletedProcess:
+    """`python train.py OVERRIDE` on the default tiny-CPU setting of a new user (the demo experiment)."""
+    run_dir = workdir / override.split("=")[0]
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "experiment=demo", f"data.root={workdir / 'no-demo-here'}",
+         override, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    """All the CLI runs at once (each is mostly interpreter start-up and imports)."""
+    workdir = tmp_path_factory.mktemp("bad-values")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = pool.map(lambda o: cli(o, workdir), [o for o, _ in BAD])
+        out = dict(zip([o for o, _ in BAD], results))
+    out["_workdir"] = workdir  # type: ignore[assignment]
+    return out
+
+
+@pytest.mark.parametrize("override,message", BAD, ids=[o for o, _ in BAD])
+def test_bad_value_is_one_line_and_exit_2(cli_results: dict, override: str, message: str) -> None:
+    assert_one_line_error(cli_results[override], message)
+    # Refused before anything was built: the demo dataset was not even written.
+    assert not (cli_results["_workdir"] / "no-demo-here").exists()
+
+
+def test_warmup_longer_than_the_run_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
+        check_config(compose_config(["experiment=demo", "recipe.epochs=8", "recipe.warmup_epochs=8"]))
+    assert [r.getMessage() for r in caplog.records] == [
+        "recipe.warmup_epochs=8 is not shorter than the run (recipe.epochs=8): the learning rate is still warming "
+        "up when training ends and never reaches its peak or decays"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
+        check_config(compose_config(["experiment=demo"]))  # 1 warmup epoch of 8
+    assert caplog.records == []
+
+
+# --- the table covers the config --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shipped_configs() -> list[DictConfig]:
+    """The default config and each option of every group (experiments included) swapped in."""
+    configs = [compose_config([])]
+    for group in ("model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment"):
+        configs += [compose_config([f"{group}={option}"]) for option in options(group)]
+    return configs
+
+
+@pytest.fixture(scope="module")
+def shipped_leaves(shipped_configs: list[DictConfig]) -> dict[str, set]:
+    found: dict[str, set] = {}
+    for cfg in shipped_configs:
+        for key, value in leaves(cfg):
+            found.setdefault(key, set()).add(type(value).__name__)
+    return found
+
+
+def test_every_key_of_every_shipped_config_has_a_rule(shipped_leaves: dict[str, set]) -> None:
+    """A key added to a config file without a rule fails here, so it cannot slip past the checks."""
+    assert sorted(k for k in shipped_leaves if rule_for(k, TRAIN) is None) == []
+
+
+def test_every_numeric_key_is_range_checked(shipped_leaves: dict[str, set]) -> None:
+    free = ("expected.", "hardware.devices", "trainer.devices")  # informational / checked by runtime.py
+    numeric = [k for k, types in shipped_leaves.items() if types & {"int", "float"}]
+    assert len(numeric) > 60
+    unchecked = [k for k in numeric if rule_for(k, TRAIN) is anything and not k.startswith(free)]
+    assert unchecked == []
+
+
+def test_every_rule_matches_a_shipped_key(shipped_leaves: dict[str, set]) -> None:
+    """No stale rules: a renamed key must be renamed in the table too."""
+    assert [p for p in TRAIN if not any(rule_for(k, {p: anything}) for k in shipped_leaves)] == []
+
+
+def test_every_shipped_config_passes(shipped_configs: list[DictConfig]) -> None:
+    for cfg in shipped_configs:
+        check_config(cfg)
