@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install train test lint bench bench-data docker clean
+.PHONY: install train test lint bench bench-data bench-startup docker clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,12 @@ $(CACHE)/imagenet-samples:   # the shared 500 ImageNet photos, extracted outside
 
 bench-data: $(STAMP) $(BENCH_ROOT)  ## img/s of torchvision vs dali_cpu vs the JPEG decode ceiling
 	$(PY) -m imgcls.bench.data data.root=$(BENCH_ROOT) cores=$(CORES) image_size=$(IMAGE_SIZE) $(ARGS)
+
+# Time to first training step and peak memory, torchvision vs dali_cpu (docs/data-backends.md "Startup"), on an
+# ImageNet-shaped tree of hard links to BENCH_ROOT's photos (1000 classes x 1281 + 50 files; no image data copied):
+#   make bench-startup ARGS="--classes 10 --train 20 --val 5"
+bench-startup: $(STAMP) $(BENCH_ROOT)  ## time to first step and memory per backend on 1.33M files
+	$(PY) -m imgcls.bench.startup $(BENCH_ROOT) $(ARGS)
 
 # Images (docs/distributed.md "Docker"): GPU servers on NVIDIA's PyTorch container, CPU on python-slim.
 #   make docker IMAGE=registry/imgcls NGC_TAG=25.10-py3

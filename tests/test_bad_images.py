@@ -79,6 +79,28 @@ def test_dali_prescan_flags_what_dali_cannot_decode(kinds: Path) -> None:
     assert flagged == {*UNDECODABLE, "gif_named.jpg"}  # DALI has no GIF decoder
 
 
+def test_fast_jpeg_check_agrees_with_pil(kinds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scan_bytes passes a plain JPEG without PIL; its verdicts must be those of the PIL path alone."""
+    from imgcls.data import images
+
+    rgb = Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 48, 3), dtype=np.uint8))
+    buffer = io.BytesIO()
+    rgb.save(buffer, "JPEG", progressive=True, exif=b"Exif\x00\x00" + bytes(3000))
+    data = bytearray(buffer.getvalue())
+    sof = data.find(b"\xff\xc2")
+    huge = bytearray(data)
+    huge[sof + 5 : sof + 9] = (20000).to_bytes(2, "big") * 2  # a 20000x20000 header: over MAX_PIXELS
+    (tmp_path / "progressive_exif.jpg").write_bytes(bytes(data))
+    (tmp_path / "huge_header.jpg").write_bytes(bytes(huge))
+    files = [*kinds.iterdir(), *tmp_path.iterdir()]
+    fast = {f.name for f in files if images._plain_jpeg(memoryview(f.read_bytes()))}
+    assert fast == {"cmyk.jpg", "gray.jpg", "huge.jpg", "progressive_exif.jpg"}
+    verdicts = {f.name: scan_file(str(f)) for f in files}
+    monkeypatch.setattr(images, "_plain_jpeg", lambda data: False)
+    assert verdicts == {f.name: scan_file(str(f)) for f in files}
+    assert verdicts["huge_header.jpg"] == f"larger than {images.MAX_PIXELS} pixels"
+
+
 def train_epoch_samples(cfg, caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:
     backend = make_backend(cfg)
     loader = backend.loader("train", batch_size=6, rank=0, world_size=1, seed=0)  # 36 files: no tail
@@ -98,13 +120,15 @@ def test_torchvision_skip_keeps_every_other_sample(dirty: Path, caplog: pytest.L
         assert sum(f"x_{name}" in w for w in warnings) == 1
 
 
-def test_dali_cpu_prescan_skips_bad_files(dirty: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_dali_cpu_skips_bad_files_in_their_batch(dirty: Path, caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("nvidia.dali")
     cfg = compose_config(tiny_overrides(dirty, "data.backend=dali_cpu", "data.num_workers=1")).data
     count, warnings = train_epoch_samples(cfg, caplog)
-    # Pre-scanned files leave the file list before batching: 32 files, 5 full batches of 6; the GIF goes too.
-    assert count == (26 + len(DECODABLE) - 1) // 6 * 6
-    assert len(warnings) == len(UNDECODABLE) + 1
+    # As torchvision: checked as DALI reads them, bad files leave their batch (6 batches of 6); the GIF goes too.
+    assert count == 36 - len(UNDECODABLE) - 1
+    assert len(warnings) == len(UNDECODABLE) + 1  # one per file, over two epochs
+    for name in [*UNDECODABLE, "gif_named.jpg"]:
+        assert sum(f"x_{name}" in w for w in warnings) == 1
 
 
 def test_training_skips_bad_files_and_reports_them(dirty: Path, tmp_path: Path) -> None:
@@ -137,3 +161,68 @@ def test_unknown_policy_is_a_config_error(dirty: Path, tmp_path: Path, capsys: p
         guarded(run, compose_config(tiny_overrides(dirty, "data.on_bad_image=ignore"), run_dir=tmp_path))
     assert exit_info.value.code == 2
     assert "data.on_bad_image=ignore is not allowed; use skip or error" in capsys.readouterr().err
+
+
+# --- mixup/cutmix with a skipped file (issue 10, item 2) --------------------------------------------------
+def one_bad_file(root: Path, kind: str) -> Path:
+    """15 good train images and one bad file: 4 full batches of 4, one of which the bad file leaves at 3."""
+    make_image_folder(root, classes=3, train_per_class=5, val_per_class=2)
+    bad = root / "train" / "class_0" / "bad.jpg"
+    if kind == "empty":
+        bad.write_bytes(b"")
+    else:
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((40, 48, 3), 90, np.uint8)).save(buffer, "JPEG")
+        bad.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    return root
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
+@pytest.mark.parametrize("kind", ["empty", "truncated"])
+def test_mixup_recipe_trains_past_a_bad_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
+                                             backend: str) -> None:  # fmt: skip
+    """recipe=250e (mixup 0.2) on a folder with one bad .jpg died with "Batch size should be even"."""
+    from imgcls.module import ClassificationModule
+
+    if backend == "dali_cpu":
+        pytest.importorskip("nvidia.dali")
+    sizes: list[int] = []  # the batch sizes that reached mixup, counted by wrapping the real method
+    mix = ClassificationModule._mix
+
+    def counted(self: ClassificationModule, images, labels):  # noqa: ANN001, ANN202
+        sizes.append(len(labels))
+        return mix(self, images, labels)
+
+    monkeypatch.setattr(ClassificationModule, "_mix", counted)
+    extra = ["recipe=250e", "recipe.epochs=1", "data.batch_size=4", "recipe.global_batch_size=4",
+             f"data.backend={backend}", *(["data.num_workers=1"] if backend == "dali_cpu" else [])]  # fmt: skip
+    run(compose_config(tiny_overrides(one_bad_file(tmp_path / "data", kind), *extra), run_dir=tmp_path / "run"))
+    report = read_report(tmp_path / "run")
+    assert report["bad_images"]["count"] == 1
+    assert report["epochs"][0]["step"] == len(sizes)
+    if backend == "torchvision" or 3 in sizes:  # the file leaves its batch as it is read
+        assert sorted(sizes) == [3, 4, 4, 4]
+        assert report["bad_images"]["mixup_dropped_samples"] == 1
+    else:  # a pre-scan took the file out of the list before batching: every batch full, nothing dropped
+        assert sizes == [4, 4, 4]
+        assert "mixup_dropped_samples" not in report["bad_images"]
+
+
+def test_mixup_evens_an_odd_batch_and_leaves_one_sample_unmixed() -> None:
+    import torch
+    from omegaconf import OmegaConf
+
+    from imgcls.module import ClassificationModule
+    from imgcls.train import resolve_plan
+
+    cfg = compose_config(["model=resnet18", "recipe=250e", "data=synthetic", "data.num_classes=3"])
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    module = ClassificationModule(resolved["model"], resolved["recipe"], resolve_plan(cfg).as_dict(), ["a", "b", "c"])
+    images, labels = torch.randn(5, 3, 32, 32), torch.tensor([0, 1, 2, 0, 1])
+    mixed, kept, targets = module._mix(images, labels)
+    assert mixed.shape[0] == targets.shape[0] == len(kept) == 4 and torch.equal(kept, labels[:4])
+    assert module.mixup_dropped_samples == 1 and module.mixup_unmixed_batches == 0
+    one, kept, target = module._mix(images[:1], labels[:1])  # nothing to pair it with: its smoothed label
+    assert torch.equal(one, images[:1]) and torch.equal(kept, labels[:1])
+    assert torch.allclose(target, torch.tensor([[0.9 + 0.1 / 3, 0.1 / 3, 0.1 / 3]]))
+    assert module.mixup_dropped_samples == 1 and module.mixup_unmixed_batches == 1

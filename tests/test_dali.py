@@ -110,13 +110,15 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     cfg = data_cfg(Path("/unused"), f"data.interpolation={interpolation}", "model.image_size=224")
     transform = val_transform(cfg)
     reference = torch.stack([transform(Image.open(f).convert("RGB")) for f in files])
+    listing = tmp_path_factory.mktemp("list") / "files.txt"
+    listing.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
     pipe = val_pipeline(
-        files=[str(f) for f in files], shard_id=0, num_shards=1, size=224, crop_pct=0.875, gpu=False,
+        file_list=str(listing), file_root=None, shard_id=0, num_shards=1, size=224, crop_pct=0.875, gpu=False,
         interpolation=interpolation, mean=list(cfg.mean), std=list(cfg.std),
         batch_size=8, num_threads=1, device_id=None,
     )  # fmt: skip
     iterator = DALIGenericIterator(
-        pipe, ["data", "index"], reader_name=READER, last_batch_policy=LastBatchPolicy.PARTIAL
+        pipe, ["data", "index", "bad"], reader_name=READER, last_batch_policy=LastBatchPolicy.PARTIAL
     )
     dali = torch.cat([batch[0]["data"].clone() for batch in iterator])
     assert dali.shape == reference.shape == (len(files), 3, 224, 224)

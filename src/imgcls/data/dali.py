@@ -13,25 +13,32 @@ Lightning has no DALI integration (Lightning #791, won't fix) and DALI's iterato
 - Lightning needs the length of this rank's epoch and a fresh epoch on every `iter()`; DALI's iterator
   warns and ignores a reset before its epoch ends (limit_*_batches): the adapter drains it first.
 - The reader's label is the sample index (dali_pipelines.py); the adapter maps it to the class label
-  from the same ImageFolder scan torchvision uses, so labels are identical by construction, and it can
-  record which samples a rank read (data.trace_dir).
+  from the same folder walk as torchvision's ImageFolder, so labels are identical by construction, and it
+  can record which samples a rank read (data.trace_dir).
+- Bad files are found as DALI reads them (dali_pipelines.check_encoded), not by opening every file before
+  training: the adapter drops the flagged samples from their batch and applies data.on_bad_image, as the
+  torchvision backend does with its workers' bad samples. On ImageNet, a scan before training cost minutes
+  per rank at every start; see docs/data-backends.md "Startup".
 """
 
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from imgcls.data.dali_host import HostResize, resize_on_host
 from imgcls.data.dali_pipelines import READER, interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
-from imgcls.data.images import BadImageLog, prescan
+from imgcls.data.images import BadImageLog, BadSample, scan_file
 from imgcls.data.progressive import parse_randaugment
 from imgcls.errors import ConfigError, DataError
 
@@ -39,6 +46,62 @@ from imgcls.errors import ConfigError, DataError
 def _pipeline_seed(seed: int, rank: int) -> int:
     # Distinct per rank (unlike NVIDIA's fixed 12 + device_id) and derived from the run seed.
     return (int(seed) * 1000003 + 7919 * int(rank)) % (2**31 - 1)
+
+
+class FileList:
+    """A split's files in ImageFolder's order (torchvision's make_dataset walk, reproduced), held compactly.
+
+    ImageFolder keeps a (path, class) tuple per file, about 220 bytes each in Python objects (280 MB for
+    ImageNet). Here: the paths relative to the split folder in one bytes object and the classes in one
+    tensor, about 40 bytes a file, and the walk never holds more than one class folder's names at a time.
+    DALI reads them from a list file (write_list), which costs it one copy of the names in C++; a Python
+    list for `files=` cost 0.8 GB and 6 s more on ImageNet (argument copies in the pipeline's spec)."""
+
+    def __init__(self, split_root: Path, classes: list[str]) -> None:
+        self.root = str(split_root)
+        root = os.fsencode(self.root)
+        suffixes = tuple(os.fsencode(e) for e in IMG_EXTENSIONS)
+        blob = bytearray()  # grown in place: no second copy of every name at its peak
+        ends: list[np.ndarray] = []
+        counts: list[int] = []
+        for name in classes:
+            names: list[bytes] = []
+            # make_dataset: sorted(os.walk(class folder, followlinks=True)), sorted names, IMG_EXTENSIONS.
+            for folder, _, files in sorted(os.walk(os.path.join(root, os.fsencode(name)), followlinks=True)):
+                relative = os.path.relpath(folder, root)
+                names.extend(os.path.join(relative, f) for f in sorted(files) if f.lower().endswith(suffixes))
+            if not names:
+                raise DataError(f"{os.path.join(self.root, name)} has no images ({', '.join(IMG_EXTENSIONS)})")
+            counts.append(len(names))
+            start = len(blob)
+            blob += b"\0".join(names) + b"\0"
+            ends.append(start + np.cumsum(np.fromiter(map(len, names), np.int64, len(names)) + 1))
+        self._blob = blob
+        self._ends = np.concatenate(ends)  # one past each name's separator
+        self.targets = torch.repeat_interleave(torch.arange(len(classes)), torch.tensor(counts))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def relative(self, index: int) -> str:
+        end = int(self._ends[index]) - 1
+        start = int(self._ends[index - 1]) if index else 0
+        return os.fsdecode(bytes(self._blob[start:end]))
+
+    def path(self, index: int) -> str:
+        return os.path.join(self.root, self.relative(index))
+
+    def write_list(self, path: str) -> None:
+        """DALI's `file_list` format, "relative/path label" a line, the label being the sample index."""
+        if b"\n" in self._blob:
+            raise DataError(f"{self.root} holds a file name with a line break, which DALI's file list cannot hold")
+        with open(path, "wb") as out:
+            chunk = 1 << 16
+            for first in range(0, len(self), chunk):
+                last = min(first + chunk, len(self))
+                start = int(self._ends[first - 1]) if first else 0
+                names = bytes(self._blob[start : int(self._ends[last - 1]) - 1]).split(b"\0")
+                out.write(b"".join(b"%s %d\n" % (n, first + i) for i, n in enumerate(names)))
 
 
 class DaliBackend:
@@ -55,18 +118,15 @@ class DaliBackend:
             raise ConfigError(f"data.dali_resize_threads={threads} must be a whole number >= 0 (default: num_workers)")
         self.classes = classes_of(cfg.root, "train")
         check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
-        self._samples: dict[str, list[tuple[str, int]]] = {}
+        self._files: dict[str, FileList] = {}
         self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
 
-    def samples(self, split: str) -> list[tuple[str, int]]:
-        """(path, class index) in ImageFolder's order: the same scan, so the same labels."""
-        if split not in self._samples:
-            class_to_idx = {name: i for i, name in enumerate(self.classes)}
-            path = split_dir(self.cfg.root, split)
-            samples = make_dataset(str(path), class_to_idx, extensions=IMG_EXTENSIONS)
-            # DALI stops on an undecodable file: bad files are found before, by a structural pre-scan (images.py).
-            self._samples[split] = prescan(samples, self.bad_images)
-        return self._samples[split]
+    def files(self, split: str) -> FileList:
+        """The split's files and classes in ImageFolder's order: the same walk, so the same labels. No file
+        is opened here: bad files are found while DALI reads them (dali_pipelines.check_encoded)."""
+        if split not in self._files:
+            self._files[split] = FileList(split_dir(self.cfg.root, split), self.classes)
+        return self._files[split]
 
     def loader(
         self,
@@ -80,14 +140,38 @@ class DaliBackend:
         with_crop_shape: bool = False,
     ) -> DaliLoader:
         cfg = self.cfg
-        samples = self.samples(split)
-        if len(samples) < world_size:
-            raise DataError(f"{split_dir(cfg.root, split)} has {len(samples)} images, fewer than {world_size} ranks")
-        files = [path for path, _ in samples]
+        files = self.files(split)
+        if len(files) < world_size:
+            raise DataError(f"{split_dir(cfg.root, split)} has {len(files)} images, fewer than {world_size} ranks")
+        # DALI reads the list while the loader builds the pipeline; the file goes right after.
+        listing = tempfile.NamedTemporaryFile(prefix="imgcls-dali-", suffix=".txt", delete=False)  # noqa: SIM115
+        listing.close()
+        try:
+            files.write_list(listing.name)
+            return self._loader(files, listing.name, split, batch_size, rank, world_size, seed, image_size,
+                                augment_magnitude, with_crop_shape)  # fmt: skip
+        finally:
+            os.unlink(listing.name)
+
+    def _loader(
+        self,
+        files: FileList,
+        file_list: str,
+        split: str,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        image_size: int | None,
+        augment_magnitude: int | None,
+        with_crop_shape: bool,
+    ) -> DaliLoader:
+        cfg = self.cfg
         size = int(image_size or cfg.image_size)
         training = split == "train"
         common = {
-            "files": files,
+            "file_list": file_list,
+            "file_root": files.root,
             "shard_id": rank,
             "num_shards": world_size,
             "size": size,
@@ -136,13 +220,13 @@ class DaliBackend:
             )
         else:
             pipe = val_pipeline(**common, crop_pct=float(cfg.val_crop_pct))
-        targets = torch.tensor([label for _, label in samples], dtype=torch.int64)
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
-        outputs = ["data", "index"] + (["mirror"] if host_resize else []) + (["crop_shape"] if with_crop_shape else [])
+        outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
+        outputs += ["crop_shape"] if with_crop_shape else []
         return DaliLoader(
             pipe,
             outputs,
-            targets,
+            files,
             batch_size,
             rank,
             world_size,
@@ -150,6 +234,7 @@ class DaliBackend:
             trace=trace,
             channels_last=common["layout"] == "HWC",
             host_resize=host_resize,
+            bad_images=self.bad_images,
         )
 
 
@@ -160,7 +245,7 @@ class DaliLoader:
         self,
         pipe: Any,
         outputs: list[str],
-        targets: torch.Tensor,
+        files: FileList,
         batch_size: int,
         rank: int,
         world_size: int,
@@ -168,15 +253,18 @@ class DaliLoader:
         trace: Path | None = None,
         channels_last: bool = False,
         host_resize: HostResize | None = None,
+        bad_images: BadImageLog | None = None,
     ) -> None:
         self.channels_last = channels_last
         self.host_resize = host_resize
-        self.targets = targets
+        self.files = files
+        self.targets = files.targets
+        self.bad_images = bad_images or BadImageLog("skip")
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.trace = trace
         self.epoch = 0
-        total = len(targets)
+        total = len(files)
         # The reader's shard of this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it.
         self.shard_size = (rank + 1) * total // world_size - rank * total // world_size
         if drop_last:
@@ -211,6 +299,11 @@ class DaliLoader:
             self._consumed = 0
             self.epoch += 1
 
+    def _record_bad(self, indices: torch.Tensor) -> None:
+        """The policy for files the pipeline flagged; the reason is found again here (a bad file is rare)."""
+        paths = [self.files.path(i) for i in indices.tolist()]
+        self.bad_images.record([BadSample(p, scan_file(p) or "not decodable by DALI") for p in paths])
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         self._finish_epoch()
         trace = None
@@ -222,11 +315,28 @@ class DaliLoader:
                 self._consumed += 1
                 out = batch[0]
                 index = out["index"].reshape(-1).long().cpu()
+                if trace is not None:  # what the reader read, bad files included
+                    trace.write(" ".join(map(str, index.tolist())) + "\n")
                 if index.numel() == 0:  # PARTIAL can end a short shard with an empty batch
                     continue
-                images = out["data"]
+                images, mirror = out["data"], out.get("mirror")
+                bad = out["bad"].reshape(-1).bool().cpu()
+                if bool(bad.any()):
+                    self._record_bad(index[bad])
+                    keep = ~bad
+                    index = index[keep]
+                    if isinstance(images, list):  # the ragged crops of the torch resize
+                        images = [image for image, k in zip(images, keep.tolist()) if k]
+                        mirror = mirror[keep]
+                    else:
+                        images = images[keep]  # a new tensor: no buffer shared with DALI
+                    out = {k: v[keep] if k == "crop_shape" else v for k, v in out.items()}
+                    # As the torchvision backend: an empty batch is not yielded, nor in training one left
+                    # with a single sample, which BatchNorm cannot normalize.
+                    if len(index) < (2 if self.drop_last else 1):
+                        continue
                 if self.host_resize is not None:  # writes a new batch: no buffer shared with DALI
-                    images = self.host_resize(images, out["mirror"])
+                    images = self.host_resize(images, mirror)
                 elif self.channels_last:  # NHWC from CMN -> an NCHW view with channels_last strides
                     images = images.permute(0, 3, 1, 2)
                 if self.copy and self.host_resize is None:  # the classic executor reuses its buffers (docstring)
@@ -234,8 +344,6 @@ class DaliLoader:
                 result: tuple[torch.Tensor, ...] = (images, self.targets[index])
                 if "crop_shape" in out:
                     result = (*result, out["crop_shape"].clone())
-                if trace is not None:
-                    trace.write(" ".join(map(str, index.tolist())) + "\n")
                 yield result
             self._iterator.reset()
             self._consumed = 0

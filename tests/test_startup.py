@@ -1,0 +1,124 @@
+"""dali_cpu's startup: no file is opened before training (issue 10 item 3), and the startup benchmark
+(`python -m imgcls.bench.startup`) builds its hard-linked tree only inside its own folder and measures
+real train.py starts, a first one and a resumed one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+from imgcls.bench import startup
+from imgcls.data.backends import make_backend
+from tests.conftest import compose_config, make_image_folder, tiny_overrides
+
+pytest.importorskip("nvidia.dali")
+
+
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every structural check of a file, before training (images.scan_file) or as DALI reads it."""
+    from imgcls.data import dali_pipelines, images
+
+    calls: list[str] = []
+    for module, name in ((images, "scan_file"), (images, "scan_bytes"), (dali_pipelines, "scan_bytes")):
+        real = getattr(module, name, None)
+        if real is not None:
+            def counting(data: object, *args: object, _real=real, _name=name, **kwargs: object) -> object:
+                calls.append(_name)
+                return _real(data, *args, **kwargs)
+
+            monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+@pytest.mark.parametrize("start", ["first", "resumed"])
+def test_dali_start_opens_only_the_files_of_its_first_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str
+) -> None:
+    """A start (first, or a resume: a new process builds the same backend again) checks the files DALI reads
+    for its first batches, not all 240 train files. Before the fix every file was scanned at every start."""
+    root = make_image_folder(tmp_path / "data", classes=12, train_per_class=20, val_per_class=1)
+    cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", "data.num_workers=1")).data
+    if start == "resumed":  # the first start's backend and loader, gone as in a process that ended
+        first = make_backend(cfg)
+        next(iter(first.loader("train", 8, rank=0, world_size=1, seed=0)))
+        del first
+    calls = _count_checks(monkeypatch)
+    loader = make_backend(cfg).loader("train", 8, rank=0, world_size=1, seed=0)
+    images, labels = next(iter(loader))
+    assert len(labels) == 8
+    prefetch = int(cfg.prefetch_factor)
+    assert 8 <= len(calls) <= 8 * (prefetch + 2) < 240
+
+
+def test_file_list_is_imagefolders(tmp_path: Path) -> None:
+    """The compact file list walks the folders as torchvision's make_dataset: same files, order, classes."""
+    from imgcls.data.dali import FileList
+
+    root = make_image_folder(tmp_path / "data", classes=3, train_per_class=3, val_per_class=1)
+    (root / "train" / "class_1" / "nested" / "deeper").mkdir(parents=True)
+    (root / "train" / "class_1" / "nested" / "deeper" / "b.JPG").write_bytes(b"")
+    (root / "train" / "class_1" / "a b.png").write_bytes(b"")
+    (root / "train" / "class_1" / "notes.txt").write_text("not an image")
+    classes = ["class_0", "class_1", "class_2"]
+    files = FileList(root / "train", classes)
+    expected = make_dataset(str(root / "train"), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS)
+    assert [(files.path(i), int(files.targets[i])) for i in range(len(files))] == expected
+    listing = tmp_path / "list.txt"
+    files.write_list(str(listing))
+    lines = listing.read_text().splitlines()
+    assert lines[4] == f"{os.path.relpath(expected[4][0], root / 'train')} 4" and len(lines) == len(expected)
+
+
+def _snapshot(folder: Path, skip: Path) -> dict[str, tuple[int, int]]:
+    """Every path outside `skip`, with size and mtime for files (a folder's mtime changes with its entries)."""
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (0, 0)
+        for p in folder.rglob("*")
+        if skip not in p.parents and p != skip
+    }
+
+
+def test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    source = make_image_folder(tmp_path / "photos", classes=2, train_per_class=3, val_per_class=1, size=(96, 80))
+    (tmp_path / "user-file.txt").write_text("keep me")
+    bench = tmp_path / "cache" / "bench"
+    bench.parent.mkdir()
+    before = _snapshot(tmp_path, bench)
+    out = tmp_path / "rows.json"
+    startup.main([str(source), "--classes", "4", "--train", "16", "--val", "2", "--dir", str(bench),
+                  "--backends", "dali_cpu", "--image-size", "32", "--batch-size", "8", "--workers", "1",
+                  "--json", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert _snapshot(tmp_path, bench) == {**before, str(out): _snapshot(tmp_path, bench)[str(out)]}
+    tree = bench / "tree"
+    train = sorted((tree / "train").rglob("*.jpg"))
+    assert len(train) == 64 and len(list((tree / "val").rglob("*.jpg"))) == 8
+    sources = {p.stat().st_ino for p in source.rglob("*.jpg")}
+    assert {p.stat().st_ino for p in train} <= sources  # hard links: no copied image data
+    rows = json.loads(out.read_text())
+    assert [(r["backend"], r["start"]) for r in rows] == [("dali_cpu", "first"), ("dali_cpu", "resumed")]
+    for row in rows:
+        assert 0 < row["first_step_s"] <= row["exit_s"] and row["peak_rss_mib"] > 100
+    assert "| dali_cpu | resumed |" in printed
+    # The resumed start continued the first one's run: its checkpoint is from step 2.
+    ckpt = torch.load(bench / "runs" / "dali_cpu" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 2
+
+
+def test_benchmark_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = make_image_folder(tmp_path / "photos", classes=1, train_per_class=1, val_per_class=1)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "precious.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as exit_info:
+        startup.main([str(source), "--classes", "1", "--train", "1", "--val", "1", "--dir", str(theirs)])
+    assert exit_info.value.code == 2
+    assert "not made by this benchmark" in capsys.readouterr().err
+    assert [p.name for p in theirs.iterdir()] == ["precious.txt"]
