@@ -226,3 +226,15 @@ def test_mixup_evens_an_odd_batch_and_leaves_one_sample_unmixed() -> None:
     assert torch.equal(one, images[:1]) and torch.equal(kept, labels[:1])
     assert torch.allclose(target, torch.tensor([[0.9 + 0.1 / 3, 0.1 / 3, 0.1 / 3]]))
     assert module.mixup_dropped_samples == 1 and module.mixup_unmixed_batches == 1
+
+
+def test_mixup_drop_count_continues_across_a_resume(tmp_path: Path) -> None:
+    """One odd batch per epoch: 2 after a run stopped after epoch 1 and resumed for epoch 2 (checkpoint state)."""
+    argv = tiny_overrides(one_bad_file(tmp_path / "data", "empty"), "recipe=250e", "data.batch_size=4",
+                          "recipe.global_batch_size=4", "recipe.epochs=2")  # fmt: skip
+    run(compose_config([*argv, "trainer.max_epochs=1"], run_dir=tmp_path / "run"))
+    assert read_report(tmp_path / "run")["bad_images"]["mixup_dropped_samples"] == 1
+    run(compose_config([*argv, "ckpt_path=last"], run_dir=tmp_path / "run"))
+    report = read_report(tmp_path / "run")
+    assert [r["epoch"] for r in report["epochs"]] == [0, 1]
+    assert report["bad_images"]["mixup_dropped_samples"] == 2

@@ -231,7 +231,7 @@ TRAIN: dict[str, Check] = {
     "data.dali_train_resize": anything,
     "data.dali_resize_threads": COUNT,
     "data.dali_train_antialias": boolean,
-    "data.on_bad_image": choice("skip", "error"),
+    "data.on_bad_image": anything,  # images.py names the allowed policies
     "data.trace_dir": anything,
     "data.progressive.enabled": boolean,
     "data.progressive.start_size": POSITIVE,
@@ -304,14 +304,22 @@ def _shown(value: Any) -> str:
 
 
 def check_config(cfg: DictConfig, table: dict[str, Check] | None = None) -> None:
-    """Raise ConfigError for the first value the table does not allow; warn about a warmup as long as the run."""
+    """Raise ConfigError for the first value the table does not allow (or an odd batch with mixup); warn about
+    a warmup as long as the run."""
     table = TRAIN if table is None else table
     for key, value in leaves(cfg):
         check = rule_for(key, table)
         allowed = check(value) if check is not None else None
         if allowed is not None:
             raise ConfigError(f"{key}={_shown(value)} must be {allowed}")
-    recipe = cfg.get("recipe")
+    recipe, data = cfg.get("recipe"), cfg.get("data")
+    if recipe is not None and data is not None and (recipe.get("mixup") or recipe.get("cutmix")):
+        batch = data.get("batch_size")
+        if batch is not None and batch % 2:  # every batch would lose a sample (module._mix)
+            raise ConfigError(
+                f"data.batch_size={batch} must be even with recipe.mixup={recipe.get('mixup')} / "
+                f"recipe.cutmix={recipe.get('cutmix')} (timm's Mixup pairs the samples of a batch)"
+            )
     if recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
         warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
         if warmup >= epochs:

@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 import torch
 from timm.data import Mixup
+from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 from torch import nn
@@ -47,6 +48,8 @@ class ClassificationModule(L.LightningModule):
             self.net = self.net.to(memory_format=torch.channels_last)
 
         self.mixup = _build_mixup(self.recipe, num_classes)
+        self.mixup_dropped_samples = 0  # since this process started; see _mix
+        self.mixup_unmixed_batches = 0
         smoothing = float(self.recipe.label_smoothing)
         # With mixup the smoothing is folded into the soft targets by timm's Mixup.
         self.train_criterion = (
@@ -79,10 +82,26 @@ class ClassificationModule(L.LightningModule):
         images, labels = batch
         targets: torch.Tensor = labels
         if self.mixup is not None:
-            images, targets = self.mixup(images, labels)
+            images, labels, targets = self._mix(images, labels)
         loss = self.train_criterion(self(images), targets)
         self.log("train.loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(labels))
         return {"loss": loss, "loss_value": loss.detach()}
+
+    def _mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """timm's Mixup pairs each sample with its mirror in the batch and asserts an even size, which a
+        skipped bad file breaks. An odd batch drops its last sample rather than being refilled (the module
+        does not own the loader) or skipped (a rank without a backward pass would stall DDP's all-reduce).
+        One sample cannot be mixed: it trains on its smoothed label alone. Both are counted for report.json
+        (callbacks/resilience.py BadImageReport)."""
+        if len(labels) == 1:
+            self.mixup_unmixed_batches += 1
+            mixup = self.mixup
+            return images, labels, mixup_target(labels, mixup.num_classes, 1.0, mixup.label_smoothing)
+        if len(labels) % 2:
+            self.mixup_dropped_samples += 1
+            images, labels = images[:-1], labels[:-1]
+        images, targets = self.mixup(images, labels)
+        return images, labels, targets
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Lightning increments global_step only on real optimizer steps: update EMA then, not on

@@ -174,6 +174,11 @@ class BadImageReport(L.Callback):
     def __init__(self, report: ReportCallback) -> None:
         self.report = report
         self.files: dict[str, str] = {}
+        # Samples mixup dropped to even a batch a bad file left odd, and batches of one it could not mix
+        # (module._mix), summed over ranks. Earlier processes of a resumed run count from the checkpoint,
+        # as of its last epoch end or validation.
+        self.mixup: dict[str, int] = {}
+        self._mixup_before: dict[str, int] = {}
 
     def _log(self, trainer: L.Trainer) -> Any:
         backend = getattr(trainer.datamodule, "backend", None)
@@ -187,10 +192,18 @@ class BadImageReport(L.Callback):
     def _collect(self, trainer: L.Trainer) -> None:
         bad = self._log(trainer)
         mine = dict(bad.files) if bad is not None else {}
-        for files in _gather(mine):
+        module = trainer.lightning_module
+        counts = {k: int(getattr(module, k, 0)) for k in ("mixup_dropped_samples", "mixup_unmixed_batches")}
+        totals = dict(self._mixup_before)
+        for files, rank_counts in _gather((mine, counts)):
             self.files.update(files)
-        if self.files or "bad_images" in self.report.extra:
-            self.report.extra["bad_images"] = {"count": len(self.files), "files": dict(sorted(self.files.items()))}
+            for key, value in rank_counts.items():
+                totals[key] = totals.get(key, 0) + value
+        self.mixup = {k: v for k, v in totals.items() if v}
+        if self.files or self.mixup or "bad_images" in self.report.extra:
+            self.report.extra["bad_images"] = {
+                "count": len(self.files), "files": dict(sorted(self.files.items())), **self.mixup
+            }
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -200,7 +213,8 @@ class BadImageReport(L.Callback):
         self._collect(trainer)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"files": self.files}
+        return {"files": self.files, "mixup": self.mixup}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.files = dict(state_dict.get("files", {}))
+        self.mixup = self._mixup_before = dict(state_dict.get("mixup", {}))
