@@ -14,7 +14,7 @@ import pytest
 from omegaconf import DictConfig
 
 from imgcls.cli import options
-from imgcls.config_checks import TRAIN, anything, check_config, leaves, rule_for
+from imgcls.config_checks import EVALUATE, TRAIN, anything, check_config, leaves, rule_for
 from tests.conftest import ROOT, compose_config
 from tests.test_errors import assert_one_line_error
 
@@ -119,3 +119,24 @@ def test_every_rule_matches_a_shipped_key(shipped_leaves: dict[str, set]) -> Non
 def test_every_shipped_config_passes(shipped_configs: list[DictConfig]) -> None:
     for cfg in shipped_configs:
         check_config(cfg)
+
+
+# --- evaluate.py -------------------------------------------------------------------------------------------
+def test_evaluate_checks_its_values_too(tmp_path: Path) -> None:
+    """Was a RuntimeError traceback ("negative dimension -5") from the inference benchmark."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), "mode=benchmark", "model=resnet18", "batch_sizes=[1]",
+         "benchmark.image_size=-5", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert_one_line_error(result, "benchmark.image_size=-5 must be a positive integer")
+
+
+def test_every_key_of_the_evaluate_config_has_a_rule() -> None:
+    configs = [compose_config([], "evaluate")]
+    configs += [compose_config([f"{g}={o}"], "evaluate") for g in ("model", "precision") for o in options(g)]
+    missing = set()
+    for cfg in configs:
+        check_config(cfg, EVALUATE)
+        missing |= {k for k, _ in leaves(cfg) if rule_for(k, EVALUATE) is None}
+    assert sorted(missing) == []

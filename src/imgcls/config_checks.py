@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from imgcls.errors import ConfigError
 
@@ -275,6 +276,29 @@ TRAIN: dict[str, Check] = {
     "trainer.enable_model_summary": boolean,
 }
 
+# `python evaluate.py`: its own keys; model and precision (optional groups) as for training.
+EVALUATE: dict[str, Check] = {
+    **{k: v for k, v in TRAIN.items() if k.startswith(("model.", "precision."))},
+    "task_name": anything,
+    "mode": anything,  # evaluate.run names the two modes
+    "ckpt": anything,
+    "use_ema": boolean,
+    "output": anything,
+    "data.root": anything,
+    "data.backend": anything,
+    "data.batch_size": POSITIVE_OR_NULL,
+    "data.num_workers": integer(0, null=True),
+    "batch_sizes": anything,  # bench/inference.py names the bad item
+    "benchmark.warmup": COUNT,
+    "benchmark.iterations": POSITIVE,
+    "benchmark.max_seconds": number(0, open_low=True, null=True),
+    "benchmark.image_size": POSITIVE_OR_NULL,
+    "trainer.accelerator": anything,
+    "trainer.devices": anything,
+    "trainer.enable_progress_bar": boolean,
+    "run_dir": anything,
+}
+
 
 def leaves(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, resolved value) of every leaf; a list is one leaf; an empty mapping is none."""
@@ -284,7 +308,11 @@ def leaves(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
         if isinstance(node, DictConfig) and not node._is_none():
             yield from leaves(node, dotted + ".")
         elif not OmegaConf.is_missing(cfg, key):  # `???` is reported by whoever needs the value ("must be set")
-            yield dotted, cfg[key]  # resolved
+            try:
+                value = cfg[key]  # resolved
+            except InterpolationResolutionError:  # resolved by its consumer in another context (evaluate's model)
+                continue
+            yield dotted, value
 
 
 def rule_for(key: str, table: dict[str, Check]) -> Check | None:

@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.report import ReportCallback, write_json_atomic
+from imgcls.config_checks import EVALUATE, check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError, ConfigError, DataError
 from imgcls.models.weights import (
@@ -74,6 +75,7 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    check_config(cfg, EVALUATE)  # every value, once, before a checkpoint is read
     mode = cfg.get("mode", "evaluate")
     if mode == "benchmark":
         from imgcls.bench.inference import run as benchmark
