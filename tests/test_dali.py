@@ -47,6 +47,9 @@ def test_backend_choice_errors(folder: Path) -> None:
     for threads in ("two", "-1"):
         with pytest.raises(ConfigError, match=f"data.dali_resize_threads={threads} must be a whole number >= 0"):
             make_backend(data_cfg(folder, f"data.dali_resize_threads={threads}"))
+    for depth, shown in (("two", "two"), ("-1", "-1"), ("true", "True")):
+        with pytest.raises(ConfigError, match=f"data.dali_host_prefetch={shown} must be a whole number >= 0"):
+            make_backend(data_cfg(folder, f"data.dali_host_prefetch={depth}"))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="dali_gpu needs a CUDA GPU") as info:
             make_backend(data_cfg(folder, "data.backend=dali_gpu"))
@@ -368,3 +371,93 @@ def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     a, b = read_report(tmp_path / "full")["epochs"], read_report(run_dir)["epochs"]
     assert [(r["epoch"], r["step"]) for r in b] == [(r["epoch"], r["step"]) for r in a] == [(0, 6), (1, 12)]
     assert [r["train.lr"] for r in b] == pytest.approx([r["train.lr"] for r in a])
+
+
+# --- the torch resize in a background thread (issue 10 item 9) ------------------------------------------------
+
+
+def _counting_resize(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None) -> list[str]:
+    """Patch HostResize to record the thread of each finished resize (and to fail at call FAIL_AT)."""
+    import threading
+
+    from imgcls.data.dali_host import HostResize
+
+    real, threads = HostResize.__call__, []
+
+    def call(self, crops, mirror):  # noqa: ANN001, ANN202
+        if fail_at is not None and len(threads) + 1 == fail_at:
+            threads.append("failed")
+            raise RuntimeError("resize failed on purpose")
+        out = real(self, crops, mirror)
+        threads.append(threading.current_thread().name)
+        return out
+
+    monkeypatch.setattr(HostResize, "__call__", call)
+    return threads
+
+
+def test_host_resize_makes_the_next_batch_while_the_step_runs(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Structural, not timed: while the consumer holds batch 1 without asking for more, batch 2 (and no
+    more than prefetch + 1 ahead) gets resized, in another thread. A synchronous resize makes none."""
+    import threading
+    import time
+
+    threads = _counting_resize(monkeypatch)
+    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader("train", 4, 0, 1, seed=0)
+    assert loader.prefetch == 1
+    iterator = iter(loader)
+    next(iterator)
+    deadline = time.monotonic() + 30
+    while len(threads) < 3 and time.monotonic() < deadline:  # batch 2 in the queue, batch 3 made
+        time.sleep(0.01)
+    time.sleep(0.2)  # and then it waits: the queue is bounded
+    assert len(threads) == 3
+    assert threading.current_thread().name not in threads and set(threads) == {"imgcls-dali-host"}
+    assert len(list(iterator)) == len(loader) - 1 == 5  # 24 images, batch 4: the rest of the epoch
+
+
+def test_background_resize_error_reaches_the_consumer(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = _counting_resize(monkeypatch, fail_at=3)
+    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader("train", 4, 0, 1, seed=0)
+    got = []
+    with pytest.raises(RuntimeError, match="resize failed on purpose"):
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2 and threads[2] == "failed"  # batches before the failure arrive, then the error
+    monkeypatch.undo()
+    images, labels = epoch(loader)  # the next epoch is whole: the failed one was run out
+    assert len(labels) == 24 and sorted(labels.tolist()) == sorted(ImageFolder(str(folder / "train")).targets)
+
+
+def test_background_resize_keeps_traces_early_stops_and_ends_its_thread(folder: Path, tmp_path: Path) -> None:
+    import gc
+    import threading
+    import time
+
+    """Against the synchronous loader (data.dali_host_prefetch=0): the same batches, the same trace files,
+    also across an early stop with the abandoned iterator still alive; a dropped loader ends its thread."""
+    runs = {}
+    for prefetch in (0, 1):
+        trace = tmp_path / f"prefetch{prefetch}"
+        overrides = ("data.dali_train_resize=torch", f"data.trace_dir={trace}", f"data.dali_host_prefetch={prefetch}")
+        loader = make_backend(data_cfg(folder, *overrides)).loader("train", 4, 0, 1, seed=0)
+        assert (loader._worker is not None) == bool(prefetch)
+        iterator = iter(loader)
+        first = [next(iterator) for _ in range(2)]  # an early stop (limit_train_batches) after 2 batches
+        second = [y for _, y in loader]  # a new epoch while the first iterator is still alive
+        del iterator
+        third = [y for _, y in loader]
+        runs[prefetch] = (first, second, third, sorted(trace.iterdir()))
+    sync, background = runs[0], runs[1]
+    for a, b in zip(sync[0], background[0]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # the same pixels, the same order
+    assert [y.tolist() for y in sync[1]] == [y.tolist() for y in background[1]]
+    assert [y.tolist() for y in sync[2]] == [y.tolist() for y in background[2]]
+    assert [p.name for p in sync[3]] == [p.name for p in background[3]]
+    assert [p.read_text() for p in sync[3]] == [p.read_text() for p in background[3]]
+    del loader, runs, sync, background
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while any(t.name == "imgcls-dali-host" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "imgcls-dali-host" for t in threading.enumerate())

@@ -231,6 +231,7 @@ TRAIN: dict[str, Check] = {
     "data.dali_fp16": boolean,
     "data.dali_train_resize": anything,
     "data.dali_resize_threads": COUNT,
+    "data.dali_host_prefetch": COUNT,
     "data.dali_train_antialias": boolean,
     "data.on_bad_image": anything,  # images.py names the allowed policies
     "data.trace_dir": anything,

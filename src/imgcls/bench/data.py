@@ -20,7 +20,14 @@ Rows:
 - DALI ROI decode: `fn.decoders.image_random_crop` alone: what decoding only the crop window costs.
 - dali_cpu, DALI resize: this backend with data.dali_train_resize=dali (ROI decode, fn.resize, CMN).
 - dali_cpu: this backend as configured by default (ROI decode in DALI, resize/flip/normalize in torch:
-  data/dali_host.py).
+  data/dali_host.py, in a background thread that makes the next batch while the consumer works).
+- dali_cpu, resize in the step: the same with data.dali_host_prefetch=0 (the torch resize runs in the
+  consumer's thread, when it asks for a batch).
+
+compute_ms=S: the consumer sleeps S ms after each batch, as a training process waits for its GPU step (a
+sleep holds no core and no GIL, like a CUDA synchronisation). Then the table also gives each row's time per
+batch and, for the dali_cpu rows, the time its torch resize took per batch: with the resize in a background
+thread a batch should take about max(resize, S, DALI's decode), without it about resize + S.
 
 The process runs with imgcls.data.dali_host.keep_freed_memory() (glibc keeps freed blocks) for every
 row, since the dali_cpu backend sets it.
@@ -28,7 +35,7 @@ row, since the dali_cpu backend sets it.
 Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
 as imagenet-samples/<wnid>/*.JPEG), cores (2), image_size (224), batch_size (64), images (all: at most
 this many files, spread over the classes), seconds (3: timed seconds per row and repeat), repeats (7),
-backends (all).
+backends (all but dali_cpu_sync), compute_ms (0).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "seconds": 3.0,
     "repeats": 7,
     "backends": "decode,torchvision,dali_cpu_bare,dali_roi_decode,dali_cpu_dali_resize,dali_cpu",
+    "compute_ms": 0.0,
 }
 ROWS = {
     "decode": "decode ceiling (PIL/libjpeg-turbo full decode)",
@@ -62,6 +70,7 @@ ROWS = {
     "dali_roi_decode": "DALI ROI decode only (crop window, no resize)",
     "dali_cpu_dali_resize": "dali_cpu, DALI resize (dali_train_resize=dali)",
     "dali_cpu": "dali_cpu, default (auto: torch resize from 128 px)",
+    "dali_cpu_sync": "dali_cpu, torch resize in the step (dali_host_prefetch=0)",
 }
 
 
@@ -77,6 +86,9 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     for key in ("cores", "image_size", "batch_size", "repeats") + (("images",) if args["images"] else ()):
         args[key] = int(args[key])
     args["seconds"] = float(args["seconds"])
+    args["compute_ms"] = float(args["compute_ms"])
+    if args["compute_ms"] < 0:
+        raise ConfigError(f"compute_ms={args['compute_ms']} must be >= 0")
     unknown = set(args["backends"].split(",")) - set(ROWS)
     if unknown:
         raise ConfigError(f"backends={args['backends']}: unknown {sorted(unknown)}; allowed: {', '.join(ROWS)}")
@@ -156,11 +168,16 @@ def bench_decode(files: list[Path], cores: int, seconds: float) -> Rate:
         return count / (time.perf_counter() - start), count / (cpu_seconds() - cpu) * cores
 
 
-def time_batches(batches: Callable[[], Iterable[Any]], seconds: float, cores: int, warmup: int = 3) -> Rate:
-    """Images/s over passes of the loader until SECONDS have passed (after WARMUP batches)."""
+def time_batches(
+    batches: Callable[[], Iterable[Any]], seconds: float, cores: int, warmup: int = 3, compute_ms: float = 0.0
+) -> Rate:
+    """Images/s over passes of the loader until SECONDS have passed (after WARMUP batches); the consumer
+    sleeps COMPUTE_MS after each batch (a simulated training step)."""
     count, start, cpu = 0, None, 0.0
     while start is None or time.perf_counter() - start < seconds:
         for images, *_ in batches():
+            if compute_ms:
+                time.sleep(compute_ms / 1000)
             if start is None:
                 warmup -= 1
                 if warmup <= 0:
@@ -218,11 +235,30 @@ def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = F
     return lambda: ((batch[0]["data"],) for batch in iterator)
 
 
-def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str) -> Any:
+class TimedResize:
+    """A HostResize that adds up the seconds it spends (in whichever thread calls it)."""
+
+    def __init__(self, resize: Any) -> None:
+        self.resize, self.seconds, self.calls = resize, 0.0, 0
+
+    def __call__(self, *args: Any) -> Any:
+        start = time.perf_counter()
+        out = self.resize(*args)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return out
+
+
+RESIZES: dict[str, TimedResize] = {}  # row -> its timed torch resize
+
+
+def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str, row: str | None = None) -> Any:
     """One of this project's backends, as configured by `data=folder` plus EXTRA overrides."""
     from imgcls.data.backends import make_backend
 
     loader = make_backend(data_config(root, args, backend, *extra)).loader("train", args["batch_size"], 0, 1, seed=0)
+    if row and getattr(loader, "host_resize", None) is not None:
+        loader.host_resize = RESIZES[row] = TimedResize(loader.host_resize)
     return lambda: loader
 
 
@@ -242,7 +278,10 @@ def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
             "dali_cpu_bare": lambda: bare_dali(files, args),
             "dali_roi_decode": lambda: bare_dali(files, args, roi_decode_only=True),
             "dali_cpu_dali_resize": lambda: backend_rows(root, args, "dali_cpu", "data.dali_train_resize=dali"),
-            "dali_cpu": lambda: backend_rows(root, args, "dali_cpu"),
+            "dali_cpu": lambda: backend_rows(root, args, "dali_cpu", row="dali_cpu"),
+            "dali_cpu_sync": lambda: backend_rows(
+                root, args, "dali_cpu", "data.dali_host_prefetch=0", row="dali_cpu_sync"
+            ),
         }
         chosen = args["backends"].split(",")
         loaders = {name: make() for name, make in makers.items() if name in chosen}
@@ -251,7 +290,8 @@ def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
             if "decode" in chosen:
                 rates.setdefault("decode", []).append(bench_decode(files, args["cores"], args["seconds"]))
             for name, batches in loaders.items():
-                rates.setdefault(name, []).append(time_batches(batches, args["seconds"], args["cores"]))
+                rate = time_batches(batches, args["seconds"], args["cores"], compute_ms=args["compute_ms"])
+                rates.setdefault(name, []).append(rate)
             summary = ", ".join(f"{k} {r[-1][0]:.0f} ({r[-1][1]:.0f}/cpu)" for k, r in rates.items())
             print(f"repeat {repeat + 1}: {summary}", flush=True)
         return {name: rates[name] for name in ROWS if name in rates}
@@ -285,10 +325,24 @@ def table(rates: dict[str, list[Rate]], cores: int) -> str:
     return "\n".join(lines)
 
 
+def step_times(rates: dict[str, list[Rate]], args: dict[str, Any]) -> str:
+    """Per row: wall ms per batch (median), and the torch resize's ms per batch where it has one."""
+    lines = [f"\nms per batch of {args['batch_size']}, consumer sleeping {args['compute_ms']:g} ms per batch:"]
+    for name, row in rates.items():
+        line = f"- {ROWS[name]}: {args['batch_size'] / statistics.median(r[0] for r in row) * 1000:.1f} ms"
+        resize = RESIZES.get(name)
+        if resize is not None and resize.calls:
+            line += f" (its torch resize: {resize.seconds / resize.calls * 1000:.1f} ms a batch)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        print(table(run(args), args["cores"]))
+        rates = run(args)
+        print(table(rates, args["cores"]))
+        print(step_times(rates, args))
     except UserError as exc:
         print(f"imgcls: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

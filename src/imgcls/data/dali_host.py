@@ -8,6 +8,9 @@ pipeline went from 0.78x to 1.05x of a plain JPEG decode (docs/data-backends.md)
 because no library offers "DALI decode, torch resize". DALI's own ragged iterator still owns the epoch,
 shard and last-batch logic.
 
+The loader (dali.DaliLoader) calls HostResize in a background thread that makes batch N+1 while the
+training step runs on batch N (`data.dali_host_prefetch`, default 1; 0 resizes inside the step).
+
 `data.dali_train_resize` chooses: `auto`, `torch`, or `dali` (NVIDIA's pipeline). `auto` is torch on
 dali_cpu for train sizes of at least 128 px (every ImageNet recipe), unless a DALI AutoAugment/RandAugment
 policy or an interpolation torch lacks needs DALI's resize. Below 128 px torch's per-image Python
