@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ import pytest
 import imgcls.data.demo as demo
 from imgcls.callbacks.report import write_json_atomic
 from imgcls.checkpoint_io import check_writable
-from imgcls.errors import DataError, StorageError
-from tests.conftest import read_report, run_cli
+from imgcls.errors import ConfigError, DataError, StorageError
+from tests.conftest import compose_config, read_report, run_cli
 from tests.test_errors import assert_one_line_error
 
 
@@ -152,3 +153,46 @@ def test_write_probe_never_removes_a_users_file_of_the_same_name(tmp_path: Path)
     before = snapshot(tmp_path)
     check_writable(tmp_path / "run")
     assert snapshot(tmp_path) == before
+
+
+# --- exported models --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    from tests.test_evaluate import tiny_run
+
+    return tiny_run(tmp_path_factory, image_folder) / "checkpoints" / "last.ckpt"
+
+
+def export_to(ckpt: Path, *overrides: str) -> dict:
+    from imgcls.export import run as export
+
+    return export(compose_config([f"ckpt={ckpt}", *overrides], config_name="export"))
+
+
+def test_export_never_replaces_a_users_file_at_its_default_path(checkpoint: Path, tmp_path: Path) -> None:
+    """Without output=, the export goes beside the checkpoint: it replaced a user's model.onnx there."""
+    home = users_files(tmp_path / "home")
+    shutil.copy(checkpoint, home / "model.ckpt")
+    (home / "model.onnx").write_bytes(b"the user's own ONNX model")
+    before = snapshot(home)
+    with pytest.raises(ConfigError, match=f"output={home / 'model.onnx'} .* already exists; pass output=PATH"):
+        export_to(home / "model.ckpt", "format=onnx")
+    assert snapshot(home) == before
+
+
+def test_export_onto_a_users_folder_is_one_line(checkpoint: Path, tmp_path: Path) -> None:
+    home = users_files(tmp_path / "home")
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError, match="is a folder; give the path of the file to write"):
+        export_to(checkpoint, f"output={home}")  # was IsADirectoryError, a traceback
+    assert snapshot(tmp_path) == before
+
+
+def test_export_writes_only_its_output(checkpoint: Path, tmp_path: Path) -> None:
+    home = users_files(tmp_path / "home")
+    before = snapshot(home)
+    export_to(checkpoint, f"output={home / 'model.pt'}")
+    after = snapshot(home)
+    assert after.pop("model.pt").startswith(b"PK")  # a torch zip archive, renamed into place whole
+    assert after == before  # no temp file left beside it
+    assert (home / "model.pt").stat().st_mode & 0o777 == 0o666 & ~demo_umask()

@@ -10,15 +10,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-from imgcls.errors import ConfigError
+from imgcls.errors import ConfigError, StorageError
 from imgcls.evaluate import compose_train, model_config, required_ckpt
 from imgcls.models.weights import TrainedModel, load_trained, preprocessing_of
 
@@ -40,16 +44,23 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model_cfg = model_config(cfg)
     preprocessing = preprocessing_of(compose_train([f"model={cfg.model.name}"]).data) if model_cfg else None
     trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg, preprocessing=preprocessing)
-    output = Path(cfg.output).expanduser() if cfg.get("output") else default_output(ckpt, fmt, trained.ema)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.get("output"):  # the user's choice of path: an existing file there is replaced, as asked
+        output = Path(cfg.output).expanduser()
+    else:
+        output = default_output(ckpt, fmt, trained.ema)
+        if os.path.lexists(output):  # a path the user did not name: never replace what may be theirs
+            raise ConfigError(f"output={output} (the default beside ckpt) already exists; pass output=PATH")
+    if output.is_dir():
+        raise ConfigError(f"output={output} is a folder; give the path of the file to write")
     # Exported files are plain NCHW fp32, whatever memory format training used.
     trained.net = trained.net.float().to(memory_format=torch.contiguous_format).eval()
-    if fmt == "weights":
-        export_weights(trained, output)
-    elif fmt == "onnx":
-        export_onnx(trained, output, int(cfg.get("opset") or ONNX_OPSET))
-    else:
-        export_torchscript(trained, output)
+    opset = int(cfg.get("opset") or ONNX_OPSET)
+    writers: dict[str, Callable[[TrainedModel, Path], None]] = {
+        "weights": export_weights,
+        "onnx": lambda t, path: export_onnx(t, path, opset),
+        "torchscript": export_torchscript,
+    }
+    _write_replacing(output, lambda path: writers[fmt](trained, path))
     summary = {
         "output": str(output),
         "format": fmt,
@@ -61,6 +72,31 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f"imgcls: wrote {output} ({fmt}, {trained.arch}, {len(trained.classes)} classes, {summary['weights']} weights)"
     )
     return summary
+
+
+def _write_replacing(output: Path, write: Callable[[Path], None]) -> None:
+    """Write a new temp file beside OUTPUT (O_EXCL: never a file of the user's), then rename it over OUTPUT,
+    so that a failed or killed export leaves the previous file whole; the temp file is all that is removed."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    except OSError as exc:
+        raise StorageError(f"could not write {output} ({exc.strerror or type(exc).__name__})") from None
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an exported model is as readable as any file
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def export_weights(trained: TrainedModel, path: Path) -> None:
