@@ -196,3 +196,19 @@ def test_export_writes_only_its_output(checkpoint: Path, tmp_path: Path) -> None
     assert after.pop("model.pt").startswith(b"PK")  # a torch zip archive, renamed into place whole
     assert after == before  # no temp file left beside it
     assert (home / "model.pt").stat().st_mode & 0o777 == 0o666 & ~demo_umask()
+
+
+# --- charts -----------------------------------------------------------------------------------------------
+def test_plot_never_replaces_a_users_picture_of_the_same_name(tmp_path: Path) -> None:
+    """The chart names (loss.png, ...) are imgcls's choice; --out (./plots for several runs) may hold the user's."""
+    from tests.test_plot import fake_run, plot
+
+    run_dir = fake_run(tmp_path / "run", 1.0)
+    home = users_files(tmp_path / "home")
+    (home / "loss.png").write_bytes(b"\x89PNG the user's own chart")
+    before = snapshot(home)
+    result = plot(str(run_dir), "--out", str(home))
+    assert_one_line_error(result, f"--out {home}: loss.png there was not written by imgcls.plot")
+    assert snapshot(home) == before
+    for _ in range(2):  # its own charts are replaced when plotted again
+        assert plot(str(run_dir)).returncode == 0

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+from PIL import Image
+
+from imgcls.errors import DataError
 
 matplotlib.use("Agg")  # files only: no display on servers
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend choice
+
+SOFTWARE = "imgcls.plot"  # the PNG text that marks a chart as ours (check_replaceable)
 
 # chart file -> (title, y label, [(report key, line style)])
 CHARTS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
@@ -44,8 +50,27 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     return [str(p) for p in run_dirs]
 
 
+def check_replaceable(out_dir: Path) -> None:
+    """The chart names are ours, not the user's: a file of that name in OUT_DIR (./plots by default for
+    several runs) is replaced only if this module wrote it, as its PNG "Software" text says."""
+    if os.path.lexists(out_dir) and not out_dir.is_dir():
+        raise DataError(f"--out {out_dir} is a file, not a folder; choose another --out")
+    for name in CHARTS:
+        path = out_dir / f"{name}.png"
+        if not os.path.lexists(path):
+            continue
+        try:
+            with Image.open(path) as image:
+                ours = getattr(image, "text", {}).get("Software") == SOFTWARE
+        except OSError:
+            ours = False
+        if not ours:
+            raise DataError(f"--out {out_dir}: {path.name} there was not written by imgcls.plot; choose another --out")
+
+
 def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     runs = [(label, load_rows(p)) for label, p in zip(run_labels(run_dirs), run_dirs)]
+    check_replaceable(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     written = []
@@ -66,7 +91,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             ax.legend(fontsize="small")
         path = out_dir / f"{name}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, metadata={"Software": SOFTWARE})
         plt.close(fig)
         written.append(path)
     return written
@@ -80,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (args.run_dirs[0] / "plots" if len(args.run_dirs) == 1 else Path("plots"))
     try:
         written = plot_runs(args.run_dirs, out)
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
+    except (FileNotFoundError, json.JSONDecodeError, DataError) as exc:
         print(f"imgcls: error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(str(p) for p in written))
