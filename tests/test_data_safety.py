@@ -17,7 +17,7 @@ import imgcls.data.demo as demo
 from imgcls.callbacks.report import write_json_atomic
 from imgcls.checkpoint_io import check_writable
 from imgcls.errors import ConfigError, DataError, StorageError
-from tests.conftest import compose_config, read_report, run_cli
+from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 from tests.test_errors import assert_one_line_error
 
 
@@ -212,3 +212,19 @@ def test_plot_never_replaces_a_users_picture_of_the_same_name(tmp_path: Path) ->
     assert snapshot(home) == before
     for _ in range(2):  # its own charts are replaced when plotted again
         assert plot(str(run_dir)).returncode == 0
+
+
+# --- the run dir ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["config.yaml", "report.json"])
+def test_training_into_a_folder_with_the_users_file_of_a_run_file_name_refuses(
+    capsys: pytest.CaptureFixture, tmp_path: Path, image_folder: Path, name: str
+) -> None:
+    """hydra.run.dir=. in a project folder: its config.yaml / report.json were replaced by the run's."""
+    from tests.test_errors import train_in_process
+
+    home = users_files(tmp_path / "run")  # train_in_process runs in TMP/run
+    (home / name).write_text("the user's own file\n")
+    before = snapshot(home)
+    result = train_in_process(capsys, tiny_overrides(image_folder), tmp_path)
+    assert_one_line_error(result, f"run_dir={home} holds a {name} that imgcls did not write")
+    assert snapshot(home) == before

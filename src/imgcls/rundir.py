@@ -9,8 +9,10 @@ files. Hand-written because neither Hydra nor Lightning does this for external l
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from imgcls.errors import ConfigError
 
@@ -68,3 +70,35 @@ def launch_overrides(argv: Sequence[str], task: str, env: Mapping[str, str] | No
 
 def task_name(argv: Sequence[str], default: str) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.startswith("task_name=")), default)
+
+
+def _is_run_config(path: Path) -> bool:
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception:  # noqa: BLE001 - anything unreadable as YAML is not ours
+        return False
+    return isinstance(cfg, DictConfig) and all(k in cfg for k in ("model", "recipe", "trainer"))
+
+
+def _is_report(path: Path) -> bool:
+    try:
+        return "epochs" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+# The files train.py writes at fixed names at the top of the run dir, and how to recognise its own.
+RUN_FILES = {"config.yaml": _is_run_config, "report.json": _is_report}
+
+
+def check_run_files_are_ours(run_dir: str | Path) -> None:
+    """A run dir may be any folder (hydra.run.dir=.): refuse, before anything is written, to replace a
+    config.yaml or report.json that an imgcls run did not write."""
+    for name, ours in RUN_FILES.items():
+        path = Path(run_dir) / name
+        if os.path.lexists(path) and not (path.is_file() and ours(path)):
+            raise ConfigError(
+                f"run_dir={run_dir} holds a {name} that imgcls did not write; choose another hydra.run.dir"
+            )

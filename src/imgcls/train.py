@@ -24,6 +24,7 @@ from imgcls.loggers import build_loggers, close_loggers
 from imgcls.module import ClassificationModule
 from imgcls.plan import RunPlan, fit_per_device, lookup_batch, make_plan
 from imgcls.precision import resolve_precision
+from imgcls.rundir import check_run_files_are_ours
 from imgcls.runtime import progress_bar, world_size_of
 from imgcls.seeding import RankSeed, seed_for_init
 
@@ -117,6 +118,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     seed_for_init(int(cfg.seed))  # identical initial weights on every rank (seeding.py)
     plan = resolve_plan(cfg)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    check_run_files_are_ours(run_dir)  # before anything is written there
     check_writable(run_dir)
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
     if ckpt_path is not None:
