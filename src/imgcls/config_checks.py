@@ -167,6 +167,8 @@ TRAIN: dict[str, Check] = {
     "precision.memory_class": choice("full", "half"),
     "precision.channels_last": boolean,
     "precision.tf32": boolean,
+    "precision.cpu_fp16": boolean,  # amp only: real fp16 on a CPU instead of the bf16 fallback
+    "precision.max_consecutive_overflows": POSITIVE,
     "precision.loss_scale": anything,  # null or the GradScaler settings below
     "precision.loss_scale.init_scale": number(0, open_low=True),
     "precision.loss_scale.growth_factor": number(1, open_low=True),

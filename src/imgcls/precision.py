@@ -19,21 +19,36 @@ def set_tf32(enabled: bool) -> None:
 
 
 def resolve_precision(cfg: Any, accelerator: str) -> tuple[str | None, list[Any]]:
-    """Return (Trainer precision, plugins). AMP without CUDA falls back to bf16 with a warning."""
+    """Return (Trainer precision, plugins).
+
+    AMP (fp16) without CUDA falls back to bf16 with a warning: fp16 on a CPU is slow and not what a user
+    asking for `precision=amp` on a laptop wants. `precision.cpu_fp16=true` asks for real fp16 autocast
+    and loss scaling on the CPU instead (torch's CPU autocast and GradScaler("cpu")), so the scaler path
+    NVIDIA's AMP recipes rely on runs, and is tested, without a GPU."""
     name = cfg.lightning
     uses_cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    if name == "16-mixed" and not uses_cuda:
-        log.warning("precision=amp (fp16) needs a CUDA GPU; this run uses bf16 autocast on %s instead", accelerator)
+    device = "cuda" if uses_cuda else "cpu"
+    if name == "16-mixed" and not uses_cuda and not cfg.get("cpu_fp16"):
+        log.warning(
+            "precision=amp (fp16) needs a CUDA GPU; this run uses bf16 autocast on %s instead "
+            "(precision.cpu_fp16=true runs fp16 with loss scaling on the CPU)",
+            accelerator,
+        )
         return "bf16-mixed", []
     set_tf32(bool(cfg.tf32))
     if name == "16-mixed" and cfg.get("loss_scale"):
-        scale = cfg.loss_scale
-        scaler = torch.amp.GradScaler(
-            "cuda",
-            init_scale=float(scale.init_scale),
-            growth_factor=float(scale.growth_factor),
-            backoff_factor=float(scale.backoff_factor),
-            growth_interval=int(scale.growth_interval),
-        )
-        return None, [MixedPrecision("16-mixed", device="cuda", scaler=scaler)]
+        return None, [MixedPrecision("16-mixed", device=device, scaler=grad_scaler(cfg.loss_scale, device))]
+    if name == "16-mixed" and not uses_cuda:
+        return None, [MixedPrecision("16-mixed", device="cpu")]  # Lightning's default scaler is CUDA's
     return name, []
+
+
+def grad_scaler(scale: Any, device: str) -> torch.amp.GradScaler:
+    """NVIDIA's dynamic loss scaler (IC/training.py): the recipes' "static" 128 is its initial value."""
+    return torch.amp.GradScaler(
+        device,
+        init_scale=float(scale.init_scale),
+        growth_factor=float(scale.growth_factor),
+        backoff_factor=float(scale.backoff_factor),
+        growth_interval=int(scale.growth_interval),
+    )

@@ -107,6 +107,28 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
     )
 
 
+def build_callbacks(cfg: DictConfig, run_dir: Path, classes: list[str]) -> tuple[list[L.Callback], ReportCallback]:
+    """Every callback of a training run, in order, and its report; `mode=benchmark` runs the same ones, so
+    its numbers are those of the real loop."""
+    report = ReportCallback(run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    callbacks: list[L.Callback] = [
+        BadImageReport(report),  # before the report, so its rows carry the count
+        # Before the report too (its skipped-step count); fp16 overflows in a row before it stops the run.
+        FiniteLoss(last, report, max_consecutive_overflows=int(cfg.precision.get("max_consecutive_overflows", 10))),
+        report,
+        RankSeed(int(cfg.seed)),  # seed + global rank, before RNGState restores a resumed run's
+        RNGState(),
+        Preemption(last, slurm_requeue=SLURMEnvironment.detect()),
+        *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir),
+        *wandb_media_callbacks(cfg, classes),  # sample images, per-class accuracy (W&B only)
+    ]
+    bar = progress_bar(cfg.callbacks.get("progress_bar"))
+    if bar is not None:
+        callbacks.append(bar)
+    return callbacks, report
+
+
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) one run; return the run summary of report.json."""
     check_config(cfg)  # every value, once, before anything is built (one line per bad value)
@@ -135,23 +157,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
         # In place (nn.Module.compile), so checkpoint keys stay `net.*` with compile on or off.
         module.net.compile()
 
-    report = ReportCallback(run_dir)
+    callbacks, report = build_callbacks(cfg, run_dir, datamodule.classes)
     if resolved.get("expected"):  # NVIDIA's published result for this experiment, next to ours
         report.extra["expected"] = resolved["expected"]
-    last = run_dir / "checkpoints" / "last.ckpt"
-    callbacks: list[L.Callback] = [
-        BadImageReport(report),  # before the report, so its rows carry the count
-        report,
-        RankSeed(int(cfg.seed)),  # seed + global rank, before RNGState restores a resumed run's
-        RNGState(),
-        FiniteLoss(last),
-        Preemption(last, slurm_requeue=SLURMEnvironment.detect()),
-        *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir),
-        *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
-    ]
-    bar = progress_bar(cfg.callbacks.get("progress_bar"))
-    if bar is not None:
-        callbacks.append(bar)
     loggers = build_loggers(cfg.logger, run_dir)
     trainer = build_trainer(cfg, plan, callbacks, loggers)
     if trainer.is_global_zero:

@@ -1,0 +1,129 @@
+"""fp16 AMP with NVIDIA's dynamic loss scaling, run for real on the CPU (precision.cpu_fp16=true): the scaler's
+settings, a skipped step on overflow (counted, weights untouched, training goes on), and a stop only when
+overflows persist, with the unscaled loss (issue 10 item 4)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from imgcls.cli import guarded
+from imgcls.module import ClassificationModule
+from imgcls.precision import resolve_precision
+from imgcls.train import run
+from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("data"), classes=3, train_per_class=8, val_per_class=2)
+
+
+def amp_overrides(data: Path, *extra: str) -> list[str]:
+    return tiny_overrides(data, "precision=amp", "precision.cpu_fp16=true", "precision.channels_last=false",
+                          "recipe.warmup_epochs=0", "trainer.limit_val_batches=0",
+                          "callbacks.checkpoint=null", *extra)
+
+
+class _InfGrad(torch.autograd.Function):
+    """Identity forward (the loss stays finite), infinite gradient backward: an fp16 gradient overflow."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * math.inf
+
+
+def inject(monkeypatch: pytest.MonkeyPatch, fault: str, steps: set[int] | None, seen: dict[str, Any]) -> None:
+    """Wrap the real training_step: at the optimizer steps in `steps` (None: every step from 3 on) the loss is
+    NaN ("nan") or its gradients overflow ("overflow"). Records scales, weights and losses per step."""
+    original = ClassificationModule.training_step
+
+    def training_step(self: ClassificationModule, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        out = original(self, batch, batch_idx)
+        step = self.global_step
+        seen.setdefault("scale", {})[step] = self.trainer.precision_plugin.scaler.get_scale()
+        seen.setdefault("weights", {})[step] = [p.detach().clone() for p in self.parameters()]
+        if steps is None and step >= 3 or steps is not None and step in steps:
+            loss = out["loss"] * math.nan if fault == "nan" else _InfGrad.apply(out["loss"])
+            out = {"loss": loss, "loss_value": loss.detach()}
+        seen.setdefault("loss", {})[step] = float(out["loss_value"])
+        return out
+
+    monkeypatch.setattr(ClassificationModule, "training_step", training_step)
+
+
+def test_cpu_amp_is_bf16_unless_fp16_is_asked_for(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = compose_config(["precision=amp"])
+    with caplog.at_level(logging.WARNING, logger="imgcls.precision"):
+        assert resolve_precision(cfg.precision, "cpu") == ("bf16-mixed", [])
+    assert "precision.cpu_fp16=true" in caplog.text
+    fp16 = compose_config(["precision=amp", "precision.cpu_fp16=true"]).precision
+    precision, plugins = resolve_precision(fp16, "cpu")
+    (plugin,) = plugins
+    scaler = plugin.scaler
+    assert precision is None and plugin.precision == "16-mixed" and plugin.device == "cpu"
+    assert scaler._device == "cpu" and scaler.is_enabled()
+    assert (scaler._init_scale, scaler._growth_interval, scaler._growth_factor, scaler._backoff_factor) == (
+        128.0, 100, 2.0, 0.5
+    )
+
+
+def test_fp16_run_on_cpu_scales_from_128_and_grows(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    inject(monkeypatch, "none", set(), seen)
+    # 3 steps an epoch; growth after 4 good steps here (100 in the recipe: same code path, fewer steps)
+    summary = run(compose_config(amp_overrides(data, "recipe.epochs=2", "precision.loss_scale.growth_interval=4"),
+                                 run_dir=tmp_path))
+    assert seen["scale"] == {0: 128.0, 1: 128.0, 2: 128.0, 3: 128.0, 4: 256.0, 5: 256.0}
+    assert summary["train.amp_skipped_steps"] == 0
+    assert all(math.isfinite(v) for v in seen["loss"].values())
+
+
+def test_one_overflow_is_skipped_counted_and_training_goes_on(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+    inject(monkeypatch, "overflow", {2}, seen)
+    summary = run(compose_config(amp_overrides(data, "recipe.epochs=3"), run_dir=tmp_path))
+    assert seen["scale"][2] == 128.0 and seen["scale"][3] == 64.0 and seen["scale"][8] == 64.0  # halved once
+    before, after = seen["weights"][2], seen["weights"][3]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # the skipped step changed nothing
+    assert not all(torch.equal(a, b) for a, b in zip(seen["weights"][3], seen["weights"][4], strict=True))
+    report = read_report(tmp_path)
+    assert [row["train.amp_skipped_steps"] for row in report["epochs"]] == [1, 1, 1]  # running total
+    assert summary["train.amp_skipped_steps"] == 1 and report["epochs"][-1]["step"] == 9
+
+
+@pytest.mark.parametrize("fault", ["nan", "overflow"])
+def test_persistent_overflow_stops_with_exit_3_and_the_unscaled_loss(
+    fault: str, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    seen: dict[str, Any] = {}
+    inject(monkeypatch, fault, None, seen)
+    cfg = compose_config(amp_overrides(data, "recipe.epochs=5", "precision.max_consecutive_overflows=5"),
+                         run_dir=tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        guarded(run, cfg)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("imgcls: error:")]
+    assert exit_info.value.code == 3 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    line = lines[0]
+    assert "overflowed in" in line and "max_consecutive_overflows=5" in line
+    # Steps 3.. skipped; the check at the end of epoch 3 (step 9) sees 6 in a row (>= 5) and stops there.
+    assert "by step 9" in line and max(seen["loss"]) == 8
+    value = float(line.split("train.loss (unscaled) ")[1].split(",")[0])
+    last = seen["loss"][8]
+    if fault == "nan":
+        assert math.isnan(value)
+    else:
+        assert value == pytest.approx(last, rel=1e-6) and 0 < value < 10  # the loss itself, not x scale
+    assert seen["scale"][8] == 128.0 / 2**5  # five halvings (steps 3..7) before step 8 ran
