@@ -118,7 +118,25 @@ def test_train_mode_benchmark_runs_timed_iterations_only(image_folder: Path, tmp
     for name in ("train.total_ips", "train.compute_ips", "train.data_time", "train.compute_time"):
         assert metrics[name] > 0 and document[name] == metrics[name]
     assert metrics["train.compute_ips"] >= metrics["train.total_ips"]
-    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "report.json").exists()
+
+
+def test_train_mode_benchmark_runs_the_callbacks_of_a_real_run(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: dict[str, list[type]] = {}
+    real_build = imgcls.train.build_trainer
+
+    def build_trainer(cfg, plan, callbacks, loggers):  # noqa: ANN001, ANN202 - records, then builds for real
+        built[str(cfg.get("mode"))] = [type(c) for c in callbacks]
+        return real_build(cfg, plan, callbacks, loggers)
+
+    monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
+    overrides = tiny_overrides(image_folder, "recipe.epochs=1", "trainer.max_steps=2")
+    imgcls.train.run(compose_config(overrides, run_dir=tmp_path / "train"))
+    bench = ["mode=benchmark", "benchmark.warmup=1", "benchmark.iterations=2"]
+    imgcls.train.run(compose_config([*overrides, *bench], run_dir=tmp_path / "bench"))
+    assert built["benchmark"] == [*built["train"], BenchmarkTimer]
+    assert len(built["train"]) >= 6  # report, NaN check, preemption, RNG, seeds, checkpoints
 
 
 def test_train_benchmark_cli_on_synthetic_data_and_bad_batch_sizes(tmp_path: Path) -> None:

@@ -84,7 +84,9 @@ class ClassificationModule(L.LightningModule):
         if self.mixup is not None:
             images, labels, targets = self._mix(images, labels)
         loss = self.train_criterion(self(images), targets)
-        self.log("train.loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(labels))
+        # Not prog_bar: Lightning turns progress-bar metrics into Python numbers every batch (a host sync per
+        # step on a GPU). The loss reaches the loggers every trainer.log_every_n_steps and report.json.
+        self.log("train.loss", loss, on_step=True, on_epoch=False, batch_size=len(labels))
         return {"loss": loss, "loss_value": loss.detach()}
 
     def _mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,8 +111,11 @@ class ClassificationModule(L.LightningModule):
         if self.ema is not None and self.global_step != getattr(self, "_ema_step", -1):
             self._ema_step = self.global_step
             self.ema.update(self.net, step=self.global_step)
-        optimizer = self.trainer.optimizers[0]
-        self.log("train.lr", optimizer.param_groups[-1]["lr"], on_step=True, on_epoch=False)
+        # Only on the steps Lightning writes to the loggers (as its LearningRateMonitor does): self.log makes
+        # a device tensor of a float, a host-to-device copy that waits for the GPU's queue.
+        if self.trainer._logger_connector.should_update_logs:
+            optimizer = self.trainer.optimizers[0]
+            self.log("train.lr", optimizer.param_groups[-1]["lr"], on_step=True, on_epoch=False)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         images, labels = batch

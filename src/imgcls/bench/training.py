@@ -3,7 +3,9 @@
 The run's own model, precision, batch, data backend (real folders or `data=synthetic`) and Trainer, for
 benchmark.warmup + benchmark.iterations training iterations (micro-batches); only the iterations after
 the warm-up are timed. Reports NVIDIA's train.total_ips, train.compute_ips, train.data_time and
-train.compute_time to RUN_DIR/benchmark.json and stdout. No checkpoints, no validation, no loggers.
+train.compute_time to RUN_DIR/benchmark.json and stdout. The callbacks are a training run's own
+(imgcls.train.build_callbacks: report, NaN and preemption checks, checkpoints at epoch ends, progress bar),
+so the timed loop is the real one; the benchmark's timer is added on top. No validation, no loggers.
 """
 
 from __future__ import annotations
@@ -22,14 +24,13 @@ from imgcls.callbacks.report import _Timer, write_json_atomic
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
 from imgcls.module import ClassificationModule
-from imgcls.runtime import progress_bar
 
 log = logging.getLogger(__name__)
 
 
 class BenchmarkTimer(L.Callback):
-    """Times the iterations after `warmup` with the report's per-batch timer (data wait vs compute, device
-    synchronised on CUDA), and stops training after warmup + iterations."""
+    """Times the iterations after `warmup` with the report's per-batch timer (data wait vs compute, CUDA
+    events on a GPU), and stops training after warmup + iterations."""
 
     def __init__(self, warmup: int, iterations: int) -> None:
         self.warmup = warmup
@@ -44,7 +45,7 @@ class BenchmarkTimer(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self.seen >= self.warmup:
-            self.timer.batch_started()
+            self.timer.batch_started(pl_module.device)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -61,7 +62,7 @@ class BenchmarkTimer(L.Callback):
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    from imgcls.train import build_trainer, resolve_plan  # imgcls.train dispatches here
+    from imgcls.train import build_callbacks, build_trainer, resolve_plan  # imgcls.train dispatches here
 
     bench = cfg.get("benchmark") or {}
     warmup, iterations = int(bench.get("warmup", 10)), int(bench.get("iterations", 50))
@@ -88,11 +89,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer.limit_val_batches = 0
         cfg.trainer.num_sanity_val_steps = 0
     timer = BenchmarkTimer(warmup, iterations)
-    callbacks: list[L.Callback] = [timer]
-    bar = progress_bar(cfg.callbacks.get("progress_bar"))
-    if bar is not None:
-        callbacks.append(bar)
-    trainer = build_trainer(cfg, plan, callbacks, [])
+    callbacks, _ = build_callbacks(cfg, run_dir, datamodule.classes)
+    trainer = build_trainer(cfg, plan, [*callbacks, timer], [])
     trainer.fit(module, datamodule=datamodule)
     if timer.timer.batches < iterations:
         raise ConfigError(f"the benchmark ran {timer.timer.batches} of {iterations} timed iterations")

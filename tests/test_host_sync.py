@@ -1,0 +1,98 @@
+"""No host synchronisation per training step in the default path (issue 10 item 8).
+
+A sync makes the CPU wait until the GPU has drained its queue, so the next step's kernels are launched late.
+On a CPU the same calls are visible: every call that would block on a GPU tensor is counted (patched to count,
+then run for real) during a real fit, per micro-batch."""
+
+from __future__ import annotations
+
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.distributed as dist
+
+import imgcls.train
+from imgcls.callbacks.resilience import SYNC_EVERY_N_STEPS
+from tests.conftest import compose_config, tiny_overrides
+
+# Host-side data loading (decode, augment; in the main process with num_workers=0) calls .item() on CPU
+# tensors that never touch a GPU: not syncs.
+_LOADER_FRAMES = ("torchvision/", "/imgcls/data/", "torch/utils/data/", "PIL/")
+
+
+class SyncCounter(L.Callback):
+    """Attributes each blocking call to the micro-batch it happens in (from one batch start to the next;
+    epoch ends and validation are not per-step and are left out)."""
+
+    def __init__(self) -> None:
+        self.batch: int | None = None
+        self.started = 0
+        self.calls: dict[int, list[str]] = defaultdict(list)
+
+    def record(self, name: str) -> None:
+        if self.batch is None:
+            return
+        stack = traceback.extract_stack()[:-2]
+        if any(marker in frame.filename for frame in stack for marker in _LOADER_FRAMES):
+            return
+        where = next((f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}" for f in reversed(stack)
+                      if "site-packages/torch/" not in f.filename), "?")
+        self.calls[self.batch].append(f"{name} at {where}")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
+        self.batch = self.started
+        self.started += 1
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.batch = None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.batch = None
+
+
+def count_syncs(monkeypatch: pytest.MonkeyPatch, counter: SyncCounter) -> None:
+    def counting(owner: Any, name: str, when: Any = None) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if when is None or when(*args, **kwargs):
+                counter.record(f"{getattr(owner, '__name__', owner)}.{name}")
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy"):
+        counting(torch.Tensor, name)
+    counting(torch.cuda, "synchronize")
+    counting(torch.cuda.Event, "synchronize")
+    counting(torch.cuda.Event, "elapsed_time")
+    counting(dist, "all_reduce")
+    counting(dist, "all_gather_object")
+    counting(torch.amp.GradScaler, "get_scale")
+    # A Python number made into a GPU tensor is a host-to-device copy that waits for the queue (self.log(float)).
+    counting(torch, "tensor", when=lambda *args, **kwargs: kwargs.get("device") is not None)
+    real_build = imgcls.train.build_trainer
+
+    def build_trainer(cfg, plan, callbacks, loggers):  # noqa: ANN001, ANN202 - the counter first, then the real run's
+        return real_build(cfg, plan, [counter, *callbacks], loggers)
+
+    monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
+
+
+def test_default_training_loop_syncs_at_most_once_per_k_steps(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counter = SyncCounter()
+    count_syncs(monkeypatch, counter)
+    # 6 batches an epoch, 4 epochs: 24 optimizer steps
+    imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.epochs=4"), run_dir=tmp_path))
+    assert counter.started == 24
+    syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
+    k = SYNC_EVERY_N_STEPS
+    assert len(syncing) <= -(-counter.started // k), "\n".join(f"batch {b}: {c}" for b, c in syncing.items())
+    assert set(syncing) <= {step - 1 for step in range(k, counter.started + 1, k)}  # the batch ending step K, 2K
