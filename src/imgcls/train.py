@@ -27,6 +27,7 @@ from imgcls.precision import resolve_precision
 from imgcls.rundir import check_run_files_are_ours
 from imgcls.runtime import progress_bar, world_size_of
 from imgcls.seeding import RankSeed, seed_for_init
+from imgcls.sync_batchnorm import TimmSyncBatchNorm
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         if trainer_args.get("sync_batchnorm") and trainer_args["accelerator"] == "cpu":
             raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only)")
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see checkpoint_io.py)
+    if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
+        plugins.append(TimmSyncBatchNorm())
     if SLURMEnvironment.detect():  # preemption: SIGUSR1 -> hpc checkpoint + scontrol requeue (Lightning)
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
     return L.Trainer(
