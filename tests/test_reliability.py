@@ -178,24 +178,67 @@ def test_sigterm_saves_last_ckpt_and_exits_within_seconds(data: Path, tmp_path: 
     assert 0 < ckpt["global_step"] < 150
 
 
-def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_path: Path) -> None:
+def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in `scontrol` that appends each call's arguments to a file; returns (bin dir, that file)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    scontrol = bin_dir / "scontrol"  # a stand-in that records the requeue call
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.args'}\n")
+    calls = tmp_path / "scontrol.args"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
     scontrol.chmod(0o755)
+    return bin_dir, calls
+
+
+def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_path: Path) -> None:
+    bin_dir, calls = _fake_scontrol(tmp_path)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
            "SLURM_JOB_NAME": "imgcls", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
     run_dir = tmp_path / "run"
     proc = _start(_long_run(data, run_dir), env)
     _wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc)
     proc.send_signal(signal.SIGUSR1)
-    _wait_for_file(tmp_path / "scontrol.args", proc, timeout=60)
-    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
-    hpc = list(run_dir.glob("hpc_ckpt_*.ckpt"))
-    assert len(hpc) == 1 and torch.load(hpc[0], map_location="cpu", weights_only=False)["global_step"] > 0
-    proc.send_signal(signal.SIGTERM)  # what SLURM sends next
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=60) == 128 + signal.SIGUSR1, proc.stderr.read()[-2000:]  # saved, requeued, exited
+    assert calls.read_text().splitlines() == ["requeue 4242"]
+    (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")  # what Lightning resumes from when the requeued job starts
+    assert sha(hpc) == sha(run_dir / "checkpoints" / "last.ckpt")
+    assert torch.load(hpc, map_location="cpu", weights_only=False)["global_step"] > 0
+
+
+def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once(data: Path, tmp_path: Path) -> None:
+    """Two srun-style gloo ranks; SIGUSR1 reaches rank 1 only (Lightning's handler used to save inside the
+    signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere)."""
+    from tests.test_distributed import clean_env, free_port
+
+    bin_dir, calls = _fake_scontrol(tmp_path)
+    slurm = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "imgcls",
+        "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(free_port()),
+    }  # fmt: skip
+    run_dir = tmp_path / "run"
+    argv = [*_long_run(data, run_dir), "data.batch_size=4", "trainer.devices=2"]
+    procs = [
+        subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT, text=True,
+                         env={**clean_env(), **slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for k in range(2)
+    ]  # fmt: skip
+    try:
+        _wait_for_file(run_dir / "checkpoints" / "last.ckpt", procs[0])
+        procs[1].send_signal(signal.SIGUSR1)
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]  # a hang fails here
+    finally:
+        for proc in procs:
+            proc.kill() if proc.poll() is None else None
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 128 + signal.SIGUSR1, out[-3000:]
+    steps = [int(out.split("received signal 10: saving ")[1].split(" at step ")[1].split()[0]) for out in outputs]
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert steps[0] == steps[1] == ckpt["global_step"] > 0  # both ranks saved at the same step
+    assert len(ckpt["callbacks"]["RNGState"]["ranks"]) == 2  # the gather inside the save met both ranks
+    assert calls.read_text().splitlines() == ["requeue 4242"]  # once, from rank 0
+    (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")
+    assert sha(hpc) == sha(run_dir / "checkpoints" / "last.ckpt")
 
 
 # --- distributed ------------------------------------------------------------------------------------------

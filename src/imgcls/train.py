@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +92,11 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see checkpoint_io.py)
     if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
         plugins.append(TimmSyncBatchNorm())
-    if SLURMEnvironment.detect():  # preemption: SIGUSR1 -> hpc checkpoint + scontrol requeue (Lightning)
-        plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
+    if SLURMEnvironment.detect():
+        # Ranks and world size from SLURM. Not Lightning's auto_requeue: its SIGUSR1 handler saves inside the
+        # signal handler, where the checkpoint's collectives meet the other ranks at arbitrary points (a hang
+        # under DDP). Preemption saves at a step boundary on every rank, then requeues (resilience.py).
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     return L.Trainer(
         **trainer_args,
         precision=precision,
