@@ -86,6 +86,38 @@ def test_benchmark_with_random_weights_and_bf16(tmp_path: Path) -> None:
     assert document["ckpt"] is None and len(document["rows"]) == 1
 
 
+@pytest.mark.parametrize(("precision", "tf32"), [("fp32", False), ("tf32", True), ("amp", True)])
+def test_inference_benchmark_sets_tf32_as_training_does(
+    precision: str, tf32: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from imgcls.bench import inference
+
+    flags: list[tuple[bool, bool, str]] = []
+    real_measure = inference.measure
+
+    def measure(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - records the switches the timing runs under
+        flags.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                      torch.get_float32_matmul_precision()))
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(inference, "measure", measure)
+    backends = torch.backends
+    previous = backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    try:  # start from the opposite of what the precision asks for
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not tf32
+        torch.set_float32_matmul_precision("highest" if tf32 else "high")
+        cfg = compose_config(
+            ["mode=benchmark", "model=resnet18", f"precision={precision}", "batch_sizes=[1]", "benchmark.warmup=0",
+             "benchmark.iterations=1", "benchmark.image_size=32"],
+            config_name="evaluate", run_dir=tmp_path,
+        )  # fmt: skip
+        document = evaluate(cfg)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous[:2]
+        torch.set_float32_matmul_precision(previous[2])
+    assert flags == [(tf32, tf32, "high" if tf32 else "highest")] and document["tf32"] is tf32
+
+
 @pytest.mark.parametrize("values", [[], [0], [4, -1], ["a"], [1.5]])
 def test_bad_batch_sizes(values: list) -> None:
     with pytest.raises(ConfigError, match="batch_sizes="):

@@ -23,6 +23,7 @@ from torch import nn
 
 from imgcls.callbacks.report import write_json_atomic
 from imgcls.errors import ConfigError
+from imgcls.precision import set_tf32
 
 COLUMNS = ("batch_size", "throughput_ips", "latency_avg_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms")
 HEADERS = (
@@ -151,6 +152,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if warmup < 0 or iterations < 1:
         raise ConfigError(f"benchmark.warmup={warmup} / benchmark.iterations={iterations}: need >= 0 and >= 1")
     net, arch, image_size, precision = _network(cfg)
+    tf32 = bool(precision.get("tf32", False))
+    set_tf32(tf32)  # as training does: precision=fp32 must not time TF32 convolutions on Ampere+
     image_size = int(bench.get("image_size") or image_size)
     accelerator = str(cfg.trainer.accelerator)
     use_cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
@@ -173,6 +176,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "precision": str(precision.name),
         "autocast": str(dtype).replace("torch.", "") if dtype else None,
         "channels_last": channels_last,
+        "tf32": tf32,
         "image_size": image_size,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),
