@@ -351,6 +351,14 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None) -> None
                 f"data.batch_size={batch} must be even with recipe.mixup={recipe.get('mixup')} / "
                 f"recipe.cutmix={recipe.get('cutmix')} (timm's Mixup pairs the samples of a batch)"
             )
+    precision = cfg.get("precision")
+    if data is not None and data.get("dali_fp16") is True and precision is not None:
+        # Autocast (fp16 or bf16) casts the half images at the first conv; fp32/tf32 convs would get Half input.
+        if precision.get("lightning") not in ("16-mixed", "bf16-mixed"):
+            raise ConfigError(
+                f"data.dali_fp16=true needs precision=amp or bf16 (autocast); precision={precision.get('name')} "
+                "runs fp32 layers on the half images"
+            )
     if recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
         warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
         if warmup >= epochs:
