@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
+from timm.models.resnet import ResNet
 
 from imgcls.train import run
 from tests.conftest import compose_config, read_report, tiny_overrides
@@ -28,17 +30,37 @@ def wandb_log(offline: Path, expected: bytes) -> bytes:
     return log_file.read_bytes()
 
 
+EVAL_FORWARDS: list[int] = []  # network forward calls outside autograd (validation), per invocation
+
+
 @pytest.fixture(scope="module")
 def wandb_run(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Epoch 0 of 2, then a resume of the same run dir for epoch 1."""
+    """Epoch 0 of 2, then a resume of the same run dir for epoch 1; with EMA."""
     mp = pytest.MonkeyPatch()
     mp.setenv("WANDB_MODE", "offline")
+    forward = ResNet.forward
+
+    def counting_forward(self: ResNet, x: torch.Tensor) -> torch.Tensor:
+        EVAL_FORWARDS[-1] += not torch.is_grad_enabled()
+        return forward(self, x)
+
+    mp.setattr(ResNet, "forward", counting_forward)
     run_dir = tmp_path_factory.mktemp("wandb")
-    args = tiny_overrides(image_folder, "logger=wandb", "logger.wandb.log_images=8", "trainer.log_every_n_steps=1")
-    run(compose_config([*args, "trainer.max_epochs=1"], run_dir=run_dir))
-    run(compose_config([*args, "ckpt_path=last"], run_dir=run_dir))
+    args = tiny_overrides(
+        image_folder, "logger=wandb", "logger.wandb.log_images=8", "trainer.log_every_n_steps=1",
+        "recipe.ema_decay=0.9",
+    )  # fmt: skip
+    for extra in ("trainer.max_epochs=1", "ckpt_path=last"):
+        EVAL_FORWARDS.append(0)
+        run(compose_config([*args, extra], run_dir=run_dir))
     mp.undo()
     return run_dir
+
+
+def test_media_take_predictions_from_the_validation_pass(wandb_run: Path) -> None:
+    """One forward of the network and one of its EMA copy per val batch (18 images / 8 = 3 batches, one
+    validation per invocation): the per-class table adds no second pass over the val set."""
+    assert EVAL_FORWARDS == [3 * 2, 3 * 2]
 
 
 def test_dashboard_scalars_and_config(wandb_run: Path) -> None:

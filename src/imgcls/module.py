@@ -117,13 +117,17 @@ class ClassificationModule(L.LightningModule):
             optimizer = self.trainer.optimizers[0]
             self.log("train.lr", optimizer.param_groups[-1]["lr"], on_step=True, on_epoch=False)
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         images, labels = batch
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        self._update_metrics("val", self.net(images), labels)
+        logits = self.net(images)
+        self._update_metrics("val", logits, labels)
         if self.ema is not None:
             self._update_metrics("val_ema", self.ema.module(images), labels)
+        # For callbacks (on_validation_batch_end's `outputs`, e.g. W&B per-class accuracy): the predictions of
+        # this pass, under the run's precision, so that no callback runs the network again.
+        return {"preds": logits.argmax(1)}
 
     def _update_metrics(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
         metrics = self.val_metrics[prefix]

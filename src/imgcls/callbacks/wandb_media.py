@@ -2,8 +2,8 @@
 every logger): a grid of training images as the model sees them (after augmentation), and at the end
 per-class val accuracy plus a confusion matrix.
 
-The per-class numbers come from the last validation: the callback runs the network a second time on
-those batches (one extra val pass per run) because the module's validation_step returns no logits. The
+The per-class numbers come from the last validation: the predictions the module's validation_step returns
+(the network's one pass over each val batch, under the run's precision), so the network never runs twice. The
 confusion matrix is a torchmetrics metric, summed over ranks like the module's val metrics, so it is
 exact under DDP (unpadded val shards).
 """
@@ -66,8 +66,7 @@ class WandbMedia(L.Callback):
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         if self._final_validation(trainer):
-            images, labels = batch
-            self.confusion.update(pl_module(images).argmax(1), labels)
+            self.confusion.update(outputs["preds"], batch[1])
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._final_validation(trainer):
