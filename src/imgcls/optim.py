@@ -20,7 +20,9 @@ def parameter_groups(net: nn.Module, weight_decay: float, norm_bias_weight_decay
     `"bn" in name` test missed the ResNet downsample BN (`downsample.1`)."""
     if norm_bias_weight_decay:
         return [{"params": [p for p in net.parameters() if p.requires_grad], "weight_decay": weight_decay}]
-    return param_groups_weight_decay(net, weight_decay=weight_decay, weight_decay_exclude_1d=True)
+    # Every timm since 1.0.20 (the pin) excludes 1-D parameters here; `weight_decay_exclude_1d` (default True)
+    # only exists since 1.0.27, so it is not passed.
+    return param_groups_weight_decay(net, weight_decay=weight_decay)
 
 
 def build_optimizer(groups: list[dict], recipe: Any, lr: float) -> torch.optim.Optimizer:
