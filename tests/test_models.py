@@ -91,3 +91,39 @@ def test_weights_of_another_architecture_are_refused(tmp_path: Path) -> None:
     torch.save(build_network(compose_config(["model=efficientnet_b0"]).model, 10).state_dict(), path)
     with pytest.raises(CheckpointError, match="does not fit model resnet50: .* missing"):
         build_network(model_cfg(f"model.weights={path}"), num_classes=10)
+
+
+def module_configs(*overrides: str) -> tuple[dict, dict]:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose_config(["model=resnet18", "precision=fp32", *overrides]), resolve=True)
+    return cfg["model"], cfg["recipe"]
+
+
+def test_config_keys_of_the_module_are_not_read_as_none() -> None:
+    """A mistyped key read None before, e.g. `recipe.ema_deacy`: EMA silently off."""
+    from imgcls.module import ClassificationModule
+
+    model, recipe = module_configs("recipe.ema_decay=0.99")
+    module = ClassificationModule(model, recipe, plan={}, classes=["a", "b"])
+    assert module.ema is not None and module.recipe.ema_decay == 0.99
+    with pytest.raises(AttributeError, match="ema_deacy"):
+        _ = module.recipe.ema_deacy
+    with pytest.raises(AttributeError, match="chanels_last"):
+        _ = module.model_cfg.chanels_last
+
+
+def test_checkpoint_hyperparameters_without_newer_keys_load_with_their_defaults() -> None:
+    """A checkpoint written before an optional key existed: the key's "off" value (module.MODEL_DEFAULTS /
+    RECIPE_DEFAULTS), not an error; a required key missing is still an error."""
+    from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS, ClassificationModule
+
+    model, recipe = module_configs()
+    old_model = {k: v for k, v in model.items() if k not in MODEL_DEFAULTS}
+    old_recipe = {k: v for k, v in recipe.items() if k not in RECIPE_DEFAULTS}
+    module = ClassificationModule(old_model, old_recipe, plan={}, classes=["a", "b"])
+    assert module.ema is None and module.mixup is None and module.channels_last is False
+    assert set(MODEL_DEFAULTS) <= set(model) and set(RECIPE_DEFAULTS) <= set(recipe)  # real keys, no typos
+    del old_model["drop_rate"]
+    with pytest.raises(AttributeError, match="drop_rate"):
+        ClassificationModule(old_model, old_recipe, plan={}, classes=["a", "b"])

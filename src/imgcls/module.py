@@ -37,8 +37,9 @@ class ClassificationModule(L.LightningModule):
         # The checkpoint carries everything evaluation needs: model/recipe config, classes, plan and
         # the whole resolved run config.
         self.save_hyperparameters()
-        self.model_cfg = _ns(model)
-        self.recipe = _ns(recipe)
+        # A checkpoint written before a key existed lacks it: the documented "off" value, explicitly.
+        self.model_cfg = _ns({**MODEL_DEFAULTS, **model})
+        self.recipe = _ns({**RECIPE_DEFAULTS, **recipe})
         self.plan = plan
         self.classes = list(classes)
         num_classes = len(self.classes)
@@ -177,10 +178,27 @@ class ClassificationModule(L.LightningModule):
         }
 
 
-class _ns(dict):
-    """Attribute access over a plain dict (hyperparameters stay plain, picklable dicts)."""
+# Keys a checkpoint's hyperparameters may lack (written before the key existed), with the value that
+# leaves the feature off, as in conf/model/*.yaml and conf/recipe/*.yaml. Required keys have no default.
+MODEL_DEFAULTS: dict[str, Any] = {
+    "drop_path_rate": 0.0, "zero_init_last_bn": False, "bn_momentum": None, "bn_eps": None, "batch_divisor": 1,
+    "weights": None, "channels_last": False,
+}  # fmt: skip
+RECIPE_DEFAULTS: dict[str, Any] = {
+    "nesterov": False, "end_lr": 0.0, "norm_bias_weight_decay": False, "label_smoothing": 0.0, "mixup": 0.0,
+    "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
+}  # fmt: skip
 
-    __getattr__ = dict.get
+
+class _ns(dict):
+    """Attribute access over a plain dict (hyperparameters stay plain, picklable dicts). A key it does not
+    hold raises: a mistyped name must not read as None (that turned EMA off without a word)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"config has no key {key!r}; keys: {', '.join(sorted(self))}") from None
 
     def __deepcopy__(self, memo: dict) -> _ns:
         return _ns(copy.deepcopy(dict(self), memo))
