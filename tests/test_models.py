@@ -127,3 +127,30 @@ def test_checkpoint_hyperparameters_without_newer_keys_load_with_their_defaults(
     del old_model["drop_rate"]
     with pytest.raises(AttributeError, match="drop_rate"):
         ClassificationModule(old_model, old_recipe, plan={}, classes=["a", "b"])
+
+
+class _Payload:
+    """Unpickling this runs Path(marker).touch(): what a hostile 'weights file' could do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (Path.touch, (self.marker,))
+
+
+def test_weights_files_are_never_unpickled_with_code(tmp_path: Path) -> None:
+    from imgcls.models.weights import read_torch_file
+    from imgcls.train import check_resumable
+
+    marker = tmp_path / "code-ran"
+    hostile = tmp_path / "hostile.pt"
+    torch.save({"state_dict": {"fc.weight": torch.zeros(2, 2)}, "x": _Payload(marker)}, hostile)
+    for load in (
+        lambda: build_network(model_cfg(f"model.weights={hostile}"), num_classes=10),  # train/fine-tune
+        lambda: check_resumable(str(hostile), "resnet50", ["a"]),  # ckpt_path=
+        lambda: read_torch_file(hostile, "ckpt"),  # evaluate / export / classify
+    ):
+        with pytest.raises(CheckpointError, match="hostile.pt .*not unpickled"):
+            load()
+    assert not marker.exists()

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +19,7 @@ from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError, ConfigError
 from imgcls.loggers import build_loggers, close_loggers
+from imgcls.models.weights import safe_torch_load, why_unreadable
 from imgcls.module import ClassificationModule
 from imgcls.plan import RunPlan, fit_per_device, lookup_batch, make_plan
 from imgcls.precision import resolve_precision
@@ -66,10 +66,10 @@ def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:
     path = Path(ckpt_path)
     if not path.is_file():
         raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
-    try:  # mmap: only the small metadata is read, not the tensors
-        meta = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("imgcls")
+    try:  # mmap: only the small metadata is read, not the tensors; never code from the file (weights_only)
+        meta = safe_torch_load(path, mmap=True).get("imgcls")
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise CheckpointError(f"ckpt_path={ckpt_path} is not a readable checkpoint ({type(exc).__name__})") from None
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not a readable checkpoint ({why_unreadable(exc)})") from None
     if not meta:
         raise CheckpointError(f"ckpt_path={ckpt_path} is not an imgcls training checkpoint")
     if meta["arch"] != arch:

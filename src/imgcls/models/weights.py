@@ -10,6 +10,7 @@ Three kinds of file hold a network:
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,23 @@ def read_torch_file(path: str | Path, key: str = "ckpt") -> Any:
     if not path.is_file():
         raise CheckpointError(f"{key}={path} does not exist")
     try:
-        # weights_only=False: Lightning checkpoints hold plain Python hyper-parameters (dicts, lists).
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return safe_torch_load(path)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise CheckpointError(
-            f"{key}={path} is not a PyTorch checkpoint or weights file ({type(exc).__name__})"
-        ) from None
+        why = why_unreadable(exc)
+        raise CheckpointError(f"{key}={path} is not a PyTorch checkpoint or weights file ({why})") from None
+
+
+def safe_torch_load(path: str | Path, mmap: bool = False) -> Any:
+    """torch.load that never runs code from the file. weights_only=True is enough for every file imgcls reads:
+    its training checkpoints (Lightning resumes them the same way) and weights exports hold tensors and plain
+    containers, as do timm's and torchvision's state_dicts; a file with other Python objects is refused."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def why_unreadable(exc: Exception) -> str:
+    if isinstance(exc, pickle.UnpicklingError) and "weights only" in str(exc).lower():
+        return "it holds Python objects besides tensors, which are not unpickled: that could run code"
+    return type(exc).__name__
 
 
 def is_training_checkpoint(blob: Any) -> bool:
