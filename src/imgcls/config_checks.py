@@ -277,6 +277,25 @@ TRAIN: dict[str, Check] = {
     "trainer.num_sanity_val_steps": integer(0, also=(-1,)),
     "trainer.enable_progress_bar": boolean,
     "trainer.enable_model_summary": boolean,
+    # The other lightning.Trainer arguments (conf/trainer/default.yaml); free-form ones are Lightning's to check.
+    "trainer.strategy": anything,
+    "trainer.min_epochs": integer(0, null=True),
+    "trainer.min_steps": integer(0, null=True),
+    "trainer.max_time": anything,  # "DD:HH:MM:SS" or a dict of timedelta fields
+    "trainer.gradient_clip_algorithm": anything,
+    "trainer.limit_test_batches": limit_batches(zero_ok=True),
+    "trainer.limit_predict_batches": limit_batches(zero_ok=True),
+    "trainer.overfit_batches": number(0),
+    "trainer.val_check_interval": number(0, open_low=True, null=True),
+    "trainer.fast_dev_run": anything,  # true or a number of batches
+    "trainer.benchmark": anything,  # cudnn.benchmark: true, false or null
+    "trainer.inference_mode": boolean,
+    "trainer.profiler": anything,
+    "trainer.detect_anomaly": boolean,
+    "trainer.barebones": boolean,
+    "trainer.reload_dataloaders_every_n_epochs": COUNT,
+    "trainer.enable_autolog_hparams": boolean,
+    "trainer.model_registry": anything,
 }
 
 # `python evaluate.py`: its own keys; model and precision (optional groups) as for training.

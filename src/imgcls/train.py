@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,35 @@ def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:
         )
 
 
+# lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest).
+IMGCLS_TRAINER_ARGS = {
+    "precision": "precision=amp|bf16|tf32|fp32", "accumulate_grad_batches": "recipe.global_batch_size",
+    "callbacks": "callbacks.*", "logger": "logger=...", "plugins": "precision/hardware", "deterministic":
+    "deterministic=true", "enable_checkpointing": "callbacks.checkpoint", "use_distributed_sampler": None,
+    "default_root_dir": "hydra.run.dir",
+}  # fmt: skip
+
+
+def check_trainer_args(trainer_args: dict[str, Any]) -> None:
+    """One line for a trainer.X that lightning.Trainer does not take, or that imgcls sets itself."""
+    allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"} - set(IMGCLS_TRAINER_ARGS)
+    for key in trainer_args:
+        if key in IMGCLS_TRAINER_ARGS:
+            instead = IMGCLS_TRAINER_ARGS[key]
+            raise ConfigError(f"trainer.{key} is set by imgcls" + (f"; use {instead}" if instead else ""))
+        if key not in allowed:
+            names = ", ".join(sorted(allowed))
+            raise ConfigError(f"trainer.{key} is not a lightning.Trainer argument; allowed: {names}")
+
+
 def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], loggers: list[Any]) -> L.Trainer:
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_trainer_args(trainer_args)
     precision, plugins = resolve_precision(cfg.precision, str(trainer_args["accelerator"]))
     if plan.world_size > 1:
         # find_unused_parameters stays off: every parameter of a classifier gets a gradient.
-        trainer_args.setdefault("strategy", "ddp")
+        if trainer_args.get("strategy") in (None, "auto"):
+            trainer_args["strategy"] = "ddp"
         if trainer_args.get("sync_batchnorm") and trainer_args["accelerator"] == "cpu":
             raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only)")
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see checkpoint_io.py)
