@@ -74,6 +74,12 @@ class ClassificationModule(L.LightningModule):
                 }
             )
 
+    def compile_network(self) -> None:
+        """`compile=true` for training and its benchmark alike: torch.compile in place (nn.Module.compile), so
+        checkpoint keys stay `net.*` (torch.compile's wrapper would add `_orig_mod.`). The EMA copy runs in
+        validation only and stays eager."""
+        self.net.compile()
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)

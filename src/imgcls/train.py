@@ -183,8 +183,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         run_config=resolved,
     )
     if cfg.get("compile"):
-        # In place (nn.Module.compile), so checkpoint keys stay `net.*` with compile on or off.
-        module.net.compile()
+        module.compile_network()
 
     callbacks, report = build_callbacks(cfg, run_dir, datamodule.classes)
     if resolved.get("expected"):  # NVIDIA's published result for this experiment, next to ours

@@ -77,7 +77,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model=resolved["model"], recipe=resolved["recipe"], plan=plan.as_dict(), classes=datamodule.classes
     )
     if cfg.get("compile"):
-        module.net = torch.compile(module.net)
+        module.compile_network()  # as train.py does
 
     cfg = cfg.copy()
     with open_dict(cfg):
