@@ -84,13 +84,16 @@ def count_syncs(monkeypatch: pytest.MonkeyPatch, counter: SyncCounter) -> None:
     monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
 
 
+@pytest.mark.parametrize("bar", ["none", "rich"])  # rich: the default progress bar
 def test_default_training_loop_syncs_at_most_once_per_k_steps(
-    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bar: str, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counter = SyncCounter()
     count_syncs(monkeypatch, counter)
     # 6 batches an epoch, 4 epochs: 24 optimizer steps
-    imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.epochs=4"), run_dir=tmp_path))
+    overrides = tiny_overrides(image_folder, "recipe.epochs=4", f"callbacks.progress_bar={bar}",
+                               f"trainer.enable_progress_bar={bar != 'none'}")
+    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 24
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
     k = SYNC_EVERY_N_STEPS
