@@ -6,6 +6,7 @@ then run for real) during a real fit, per micro-batch."""
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import imgcls.train
+from imgcls.callbacks.report import _Timer
 from imgcls.callbacks.resilience import SYNC_EVERY_N_STEPS
 from tests.conftest import compose_config, tiny_overrides
 
@@ -99,3 +101,38 @@ def test_default_training_loop_syncs_at_most_once_per_k_steps(
     k = SYNC_EVERY_N_STEPS
     assert len(syncing) <= -(-counter.started // k), "\n".join(f"batch {b}: {c}" for b, c in syncing.items())
     assert set(syncing) <= {step - 1 for step in range(k, counter.started + 1, k)}  # the batch ending step K, 2K
+
+
+def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU branch of the report's timer, structurally (no CUDA here): events per batch, no
+    torch.cuda.synchronize per batch, one event sync when the epoch's summary is made."""
+
+    class Event:  # records host time; stands in for torch.cuda.Event
+        made: list[Event] = []
+
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.at, self.synced = 0.0, 0
+            Event.made.append(self)
+
+        def record(self) -> None:
+            self.at = time.perf_counter()
+
+        def synchronize(self) -> None:
+            self.synced += 1
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.at - self.at) * 1000.0
+
+    syncs: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: syncs.append(args))
+    timer, cuda = _Timer(), torch.device("cuda")
+    for _ in range(5):
+        timer.batch_started(cuda)
+        time.sleep(0.02)
+        timer.batch_ended(4, cuda)
+    assert len(Event.made) == 10 and sum(e.synced for e in Event.made) == 0 and syncs == []
+    summary = timer.summary("train", 1)
+    assert sum(e.synced for e in Event.made) == 1 and syncs == []
+    assert 0.1 <= timer.compute_time < 0.5 and summary["train.compute_ips"] == pytest.approx(20 / timer.compute_time)
