@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install train test lint bench bench-data bench-startup docker clean
+.PHONY: install train test lint bench bench-data bench-startup gpu-check docker clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +41,17 @@ bench-data: $(STAMP) $(BENCH_ROOT)  ## img/s of torchvision vs dali_cpu vs the J
 #   make bench-startup ARGS="--classes 10 --train 20 --val 5"
 bench-startup: $(STAMP) $(BENCH_ROOT)  ## time to first step and memory per backend on 1.33M files
 	$(PY) -m imgcls.bench.startup $(BENCH_ROOT) $(ARGS)
+
+# GPU acceptance (src/imgcls/bench/gpu_check.py): every GPU path for a few dozen steps, one table next to NVIDIA's
+# published img/s, non-zero exit on any failure; on a CPU-only machine one line and exit 0.
+#   make gpu-check GPU_DATA=/data/imagenet ARGS="--steps 40"      (ARGS="--plan": print the commands only)
+GPU_DATA ?= $(CACHE)/cifar10
+
+$(CACHE)/cifar10:   # the shared CIFAR-10 JPEGs (train/ and val/), extracted outside the repository
+	mkdir -p $@ && tar xzf ../shared/datasets/cifar10-jpeg.tar.gz -C $@
+
+gpu-check: $(STAMP) $(GPU_DATA)  ## every GPU path on this machine's GPUs (exit 0 with a note without CUDA)
+	$(PY) -m imgcls.bench.gpu_check --data $(GPU_DATA) $(ARGS)
 
 # Images (docs/distributed.md "Docker"): GPU servers on NVIDIA's PyTorch container, CPU on python-slim.
 #   make docker IMAGE=registry/imgcls NGC_TAG=25.10-py3

@@ -1,0 +1,221 @@
+"""GPU acceptance: every GPU path of imgcls for a few dozen steps, one table, non-zero exit on any failure.
+
+    python -m imgcls.bench.gpu_check [--steps 40] [--data ROOT] [--plan]     (or: make gpu-check)
+
+Each check is a real `python train.py ...` run in a subprocess (a fresh CUDA context per path; DDP launches
+its own processes); its img/s come from the run's benchmark.json / report.json. The resnet50 rows stand
+next to NVIDIA's published training throughput for this GPU (../shared/reference/nvidia-convnets.md,
+Appendix A.2 "Training performance"). On a machine without CUDA it says so in one line and exits 0;
+--plan prints the commands it would run (what tests/test_gpu_check.py checks on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding train.py
+
+# NVIDIA DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md -> "Training performance"
+# (pytorch-21.03 NGC container), via nvidia-convnets.md Appendix A.2: img/s for (1 GPU, 8 GPUs).
+PUBLISHED = {
+    "dgxa100": {"amp": (2470, 16621), "tf32": (938, 7248), "source": "A.2 DGX A100 (8x A100 80GB)"},
+    "dgx1v": {"amp": (1200, 8322), "fp32": (367, 2855), "source": "A.2 DGX-1 16GB (8x V100 16GB)"},
+    "dgx1v_32g": {"amp": (1156, 8056), "fp32": (356, 2766), "source": "A.2 DGX-1 32GB (8x V100 32GB)"},
+}
+# Every path the acceptance covers (the issue's list); plan() must produce each (the tests assert it).
+PATHS = (
+    "amp+GradScaler", "bf16", "fp32", "tf32", "channels_last", "compile", "dali_gpu", "dali_cpu",
+    "syncbn_efficientnet", "ddp_nccl", "resnet50_amp_benchmark",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Check:
+    path: str  # one of PATHS
+    overrides: tuple[str, ...]
+    published: tuple[str, int] | None = None  # (precision key of PUBLISHED, GPU count)
+    needs_gpus: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def command(self) -> str:
+        return shlex.join(["python", "train.py", *self.overrides])
+
+
+def hardware_for(gpu_name: str, memory_gib: float) -> str:
+    """The hardware profile (conf/hardware) whose batch table fits this GPU."""
+    name = gpu_name.upper()
+    if "V100" in name:
+        return "dgx1v_32g" if memory_gib > 20 else "dgx1v"
+    if "T4" in name:
+        return "t4"
+    return "dgxa100"  # A100, H100 and newer: the largest table NVIDIA published
+
+
+def plan(hardware: str, gpus: int, data_root: str, steps: int, run_root: str) -> list[Check]:
+    """The checks for `gpus` visible GPUs of `hardware`, each a train.py command line."""
+
+    def run(path: str, *overrides: str, devices: int = 1, mode: str = "benchmark") -> tuple[str, ...]:
+        common = [
+            f"hardware={hardware}", f"trainer.devices={devices}", "callbacks.progress_bar=none",
+            "trainer.enable_progress_bar=false", f"hydra.run.dir={run_root}/{path.replace('+', '_')}",
+        ]  # fmt: skip
+        if mode == "benchmark":
+            common += ["mode=benchmark", "benchmark.warmup=10", f"benchmark.iterations={steps}"]
+        else:  # a real training run (checkpoints, report.json with the scaler's skipped steps), no accumulation
+            common += [f"trainer.max_steps={steps}", "trainer.limit_val_batches=2", "recipe.warmup_epochs=0",
+                       "data.batch_size=128", "recipe.global_batch_size=128"]
+        return (*overrides, *common)
+
+    synthetic = ("data=synthetic",)
+    full = "tf32" if hardware == "dgxa100" else "fp32"  # the full-precision column NVIDIA published
+    photos = ("data=folder", f"data.root={data_root}")
+    return [
+        Check("amp+GradScaler", run("amp+GradScaler", "model=resnet50", "precision=amp", *photos, mode="train")),
+        Check("bf16", run("bf16", "model=resnet50", "precision=bf16", *synthetic)),
+        Check("fp32", run("fp32", "model=resnet50", "precision=fp32", *synthetic), ("fp32", 1)),
+        Check("tf32", run("tf32", "model=resnet50", "precision=tf32", *synthetic), ("tf32", 1),
+              extra={"assert": "tf32_changes_results"}),
+        # NHWC without autocast (the amp rows are NHWC already): compare with the tf32/fp32 row (NCHW).
+        Check("channels_last", run("channels_last", "model=resnet50", f"precision={full}",
+                                   "precision.channels_last=true", *synthetic)),
+        Check("compile", run("compile", "model=resnet50", "precision=amp", "compile=true", *synthetic)),
+        Check("dali_gpu", run("dali_gpu", "model=resnet50", "precision=amp", *photos, "data.backend=dali_gpu")),
+        Check("dali_cpu", run("dali_cpu", "model=resnet50", "precision=amp", *photos, "data.backend=dali_cpu",
+                              "data.pin_memory=true")),
+        Check("syncbn_efficientnet", run("syncbn_efficientnet", "model=efficientnet_b0", "precision=amp",
+                                         "trainer.sync_batchnorm=true", *synthetic, devices=gpus), needs_gpus=2),
+        Check("ddp_nccl", run("ddp_nccl", "model=resnet50", "precision=amp", "trainer.strategy=ddp", *synthetic,
+                              devices=gpus), ("amp", gpus), needs_gpus=2),
+        Check("resnet50_amp_benchmark", run("resnet50_amp_benchmark", "model=resnet50", "precision=amp",
+                                            *synthetic), ("amp", 1)),
+    ]  # fmt: skip
+
+
+def tf32_changes_results() -> float:
+    """Max |conv(TF32) - conv(FP32)| on the GPU through imgcls.precision.set_tf32: 0 would mean the
+    precision=tf32 switch does nothing on this GPU (pre-Ampere GPUs have no TF32: then it is 0 by design)."""
+    from imgcls.precision import set_tf32
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(32, 256, 28, 28, device="cuda", generator=gen)
+    w = torch.randn(256, 256, 3, 3, device="cuda", generator=gen)
+    outputs = []
+    for enabled in (False, True):
+        set_tf32(enabled)
+        outputs.append(torch.nn.functional.conv2d(x, w, padding=1))
+    set_tf32(False)
+    return float((outputs[0] - outputs[1]).abs().max())
+
+
+def _result(run_dir: Path) -> dict[str, Any]:
+    for name in ("benchmark.json", "report.json"):
+        if (run_dir / name).is_file():
+            document = json.loads((run_dir / name).read_text())
+            return document.get("summary", document) if name == "report.json" else document
+    return {}
+
+
+def execute(check: Check, hardware: str, gpus: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"path": check.path, "status": "ok", "ips": None, "published": None, "note": ""}
+    if gpus < check.needs_gpus:
+        row.update(status="skipped", note=f"needs {check.needs_gpus} GPUs, {gpus} visible")
+        return row
+    script = ROOT / "train.py"
+    command = [sys.executable, str(script), *check.overrides]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    run_dir = Path(next(o.split("=", 1)[1] for o in check.overrides if o.startswith("hydra.run.dir=")))
+    summary = _result(run_dir)
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        row.update(status="FAILED", note=f"exit {result.returncode}: {tail}")
+        return row
+    ips = summary.get("train.total_ips")
+    row["ips"] = ips
+    if ips is None or not math.isfinite(float(ips)) or float(ips) <= 0:
+        row.update(status="FAILED", note="no train.total_ips in the run's output")
+    if check.path == "amp+GradScaler":
+        loss = summary.get("train.loss")
+        if "train.amp_skipped_steps" not in summary or loss is None or not math.isfinite(float(loss)):
+            row.update(status="FAILED", note=f"no GradScaler count or loss not finite ({summary})")
+        else:
+            row["note"] = f"skipped steps {summary['train.amp_skipped_steps']}, loss {float(loss):.3f}"
+    if check.extra.get("assert") == "tf32_changes_results":
+        difference = tf32_changes_results()
+        ampere = torch.cuda.get_device_capability()[0] >= 8
+        row["note"] = f"max |TF32 - FP32| of a conv: {difference:.2e}"
+        if ampere and difference == 0:
+            row.update(status="FAILED", note="precision=tf32 gives the same conv result as fp32 on an Ampere+ GPU")
+    if check.published:
+        precision, count = check.published
+        numbers = PUBLISHED.get(hardware, {}).get(precision)
+        if numbers and count in (1, 8):
+            row["published"] = numbers[0 if count == 1 else 1]
+            row["note"] = (row["note"] + "; " if row["note"] else "") + f"NVIDIA {PUBLISHED[hardware]['source']}"
+    return row
+
+
+def table(rows: list[dict[str, Any]], gpu: str, gpus: int) -> str:
+    lines = [
+        f"GPU acceptance on {gpus}x {gpu}",
+        "| path | status | img/s (imgcls) | img/s (NVIDIA published) | note |",
+        "|---|---|---:|---:|---|",
+    ]
+    for r in rows:
+        ips = f"{float(r['ips']):.0f}" if r["ips"] is not None else "-"
+        lines.append(f"| {r['path']} | {r['status']} | {ips} | {r['published'] or '-'} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def default_data_root() -> str:
+    cache = Path(os.environ.get("IMGCLS_CACHE", Path.home() / ".cache" / "imgcls"))
+    return str(cache / "cifar10")  # train/ and val/ of the shared CIFAR-10 JPEGs (`make gpu-check` extracts it)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m imgcls.bench.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed iterations / training steps per path")
+    parser.add_argument("--data", default=default_data_root(), help="ROOT with train/ and val/ class folders")
+    parser.add_argument("--plan", action="store_true", help="print the train.py commands, run nothing")
+    parser.add_argument("--gpus", type=int, default=None, help="with --plan: plan for this many GPUs")
+    parser.add_argument("--hardware", default=None, help="with --plan: the hardware profile to plan for")
+    args = parser.parse_args(argv)
+    run_root = tempfile.mkdtemp(prefix="imgcls-gpu-check-") if not args.plan else "/tmp/imgcls-gpu-check"
+    if args.plan:
+        gpus = args.gpus or max(torch.cuda.device_count(), 1)
+        hardware = args.hardware or "dgxa100"
+        if args.hardware is None and torch.cuda.is_available():
+            properties = torch.cuda.get_device_properties(0)
+            hardware = hardware_for(properties.name, properties.total_memory / 2**30)
+        for check in plan(hardware, gpus, args.data, args.steps, run_root):
+            print(f"{check.path}: {check.command()}")
+        return 0
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan "
+              "lists the checks)")
+        return 0
+    gpus = torch.cuda.device_count()
+    properties = torch.cuda.get_device_properties(0)
+    hardware = args.hardware or hardware_for(properties.name, properties.total_memory / 2**30)
+    if not (Path(args.data) / "train").is_dir() or not (Path(args.data) / "val").is_dir():
+        print(f"gpu_check: --data {args.data} needs train/ and val/ folders of class folders of JPEGs")
+        return 2
+    rows = [execute(check, hardware, gpus) for check in plan(hardware, gpus, args.data, args.steps, run_root)]
+    print(table(rows, properties.name, gpus))
+    print(f"run dirs under {run_root}")
+    return 1 if any(r["status"] == "FAILED" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

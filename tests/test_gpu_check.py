@@ -1,0 +1,94 @@
+"""The GPU acceptance script on a CPU machine: one line and exit 0; its plan covers every GPU path and each
+planned command composes under Hydra and plans (check_devices=False) like the real run would."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from imgcls.bench import gpu_check
+from imgcls.config_checks import check_config
+from imgcls.train import check_trainer_args, resolve_plan
+from tests.conftest import ROOT, SHARED, compose_config
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
+def test_cpu_machine_says_so_in_one_line_and_exits_0() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "imgcls.bench.gpu_check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines() == [
+        "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan lists "
+        "the checks)"
+    ]
+
+
+def planned(capsys: pytest.CaptureFixture, *args: str) -> dict[str, list[str]]:
+    assert gpu_check.main(["--plan", *args]) == 0
+    rows = [line.split(": ", 1) for line in capsys.readouterr().out.strip().splitlines()]
+    return {path: shlex.split(command) for path, command in rows}
+
+
+@pytest.mark.parametrize("hardware", ["dgxa100", "dgx1v"])
+def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: str) -> None:
+    plan = planned(capsys, "--gpus", "8", "--hardware", hardware, "--data", "/data/imagenet")
+    assert list(plan) == list(gpu_check.PATHS)
+    configs = {}
+    for path, command in plan.items():
+        assert command[:2] == ["python", "train.py"], command
+        cfg = compose_config(command[2:])
+        check_config(cfg)
+        check_trainer_args(dict(cfg.trainer))
+        resolve_plan(cfg, check_devices=False)
+        configs[path] = cfg
+    amp = configs["amp+GradScaler"]
+    assert amp.precision.loss_scale.init_scale == 128 and amp.mode == "train"
+    assert configs["bf16"].precision.lightning == "bf16-mixed"
+    assert (configs["fp32"].precision.tf32, configs["tf32"].precision.tf32) == (False, True)
+    assert configs["channels_last"].model.channels_last and not configs["tf32"].model.channels_last
+    assert configs["compile"].compile is True
+    assert configs["dali_gpu"].data.backend == "dali_gpu" and configs["dali_gpu"].data.root == "/data/imagenet"
+    assert configs["dali_cpu"].data.backend == "dali_cpu" and configs["dali_cpu"].data.pin_memory is True
+    syncbn, ddp = configs["syncbn_efficientnet"], configs["ddp_nccl"]
+    assert syncbn.model.arch == "efficientnet_b0" and syncbn.trainer.sync_batchnorm and syncbn.trainer.devices == 8
+    assert ddp.trainer.devices == 8 and ddp.trainer.strategy == "ddp" and ddp.precision.name == "amp"
+    benchmark = configs["resnet50_amp_benchmark"]
+    assert (benchmark.mode, benchmark.model.arch, benchmark.precision.name) == ("benchmark", "resnet50", "amp")
+    assert benchmark.hardware.name == hardware
+
+
+def test_multi_gpu_paths_are_skipped_not_failed_on_one_gpu() -> None:
+    checks = {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data", 40, "/tmp/x")}
+    for path in ("syncbn_efficientnet", "ddp_nccl"):
+        row = gpu_check.execute(checks[path], "dgxa100", gpus=1)  # returns before running anything
+        assert row["status"] == "skipped" and row["note"] == "needs 2 GPUs, 1 visible"
+
+
+def test_published_numbers_are_nvidias() -> None:
+    """Each number next to ours is in the reference's A.2 training-performance tables, on its GPU's row."""
+    reference = (SHARED.parent / "reference" / "nvidia-convnets.md").read_text()
+    rows = re.findall(r"^\|\s+(1|8)\s+\|\s+(\d+) img/s\s+\|\s+(\d+) img/s", reference, flags=re.M)[:6]
+    expected = []
+    for key in ("dgxa100", "dgx1v", "dgx1v_32g"):
+        published = gpu_check.PUBLISHED[key]
+        full = published.get("tf32") or published["fp32"]
+        expected += [("1", str(full[0]), str(published["amp"][0])), ("8", str(full[1]), str(published["amp"][1]))]
+    assert rows == expected
+    assert gpu_check.hardware_for("NVIDIA A100-SXM4-80GB", 80) == "dgxa100"
+    assert gpu_check.hardware_for("Tesla V100-SXM2-16GB", 16) == "dgx1v"
+    assert gpu_check.hardware_for("Tesla V100-SXM2-32GB", 32) == "dgx1v_32g"
+
+
+def test_table_marks_failures() -> None:
+    rows = [
+        {"path": "bf16", "status": "ok", "ips": 812.4, "published": None, "note": ""},
+        {"path": "resnet50_amp_benchmark", "status": "FAILED", "ips": None, "published": 2470, "note": "exit 1: x"},
+    ]
+    text = gpu_check.table(rows, "A100", 8)
+    assert "| bf16 | ok | 812 | - |  |" in text and "| resnet50_amp_benchmark | FAILED | - | 2470 | exit 1: x |" in text
