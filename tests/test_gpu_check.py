@@ -14,7 +14,7 @@ import torch
 from imgcls.bench import gpu_check
 from imgcls.config_checks import check_config
 from imgcls.train import check_trainer_args, resolve_plan
-from tests.conftest import ROOT, SHARED, compose_config
+from tests.conftest import ROOT, SHARED, compose_config, tiny_overrides
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
@@ -68,6 +68,19 @@ def test_multi_gpu_paths_are_skipped_not_failed_on_one_gpu() -> None:
     for path in ("syncbn_efficientnet", "ddp_nccl"):
         row = gpu_check.execute(checks[path], "dgxa100", gpus=1)  # returns before running anything
         assert row["status"] == "skipped" and row["note"] == "needs 2 GPUs, 1 visible"
+
+
+def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> None:
+    """The execution half on CPU: the amp+GradScaler check as a real train.py subprocess (fp16 autocast with
+    GradScaler("cpu") stands in for CUDA), its row read from the run's report.json."""
+    overrides = (*tiny_overrides(image_folder, "precision=amp", "precision.cpu_fp16=true", "trainer.max_steps=3",
+                                 "recipe.epochs=1", "recipe.warmup_epochs=0"), f"hydra.run.dir={tmp_path}/run")
+    row = gpu_check.execute(gpu_check.Check("amp+GradScaler", overrides), "cpu", gpus=1)
+    assert row["status"] == "ok", row
+    assert row["ips"] > 0 and row["note"].startswith("skipped steps 0, loss ")
+    failing = gpu_check.execute(gpu_check.Check("bf16", (*overrides[:-1], "model.image_size=-5",
+                                                         f"hydra.run.dir={tmp_path}/bad")), "cpu", gpus=1)
+    assert failing["status"] == "FAILED" and failing["note"].startswith("exit 2: ")
 
 
 def test_published_numbers_are_nvidias() -> None:

@@ -123,7 +123,7 @@ def _result(run_dir: Path) -> dict[str, Any]:
     for name in ("benchmark.json", "report.json"):
         if (run_dir / name).is_file():
             document = json.loads((run_dir / name).read_text())
-            return document.get("summary", document) if name == "report.json" else document
+            return document.get("run", {}) if name == "report.json" else document
     return {}
 
 
