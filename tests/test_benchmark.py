@@ -231,5 +231,5 @@ def test_loader_benchmark_runs_every_backend_on_real_jpegs(image_folder: Path) -
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "imgcls: error: backends=ffcv: unknown ['ffcv']; allowed: decode, torchvision, dali_cpu_bare, "
-        "dali_roi_decode, dali_cpu_dali_resize, dali_cpu"
+        "dali_roi_decode, dali_cpu_dali_resize, dali_cpu, dali_cpu_sync"
     ]
