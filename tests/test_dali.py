@@ -14,6 +14,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from imgcls.data.backends import make_backend
+from imgcls.data.dali import FileList
 from imgcls.errors import ConfigError
 from tests.conftest import SHARED, compose_config, make_image_folder, read_report, run_cli, tiny_overrides
 
@@ -216,6 +217,40 @@ def test_val_shards_cover_every_image_once(folder: Path, world: int) -> None:
             assert all(len(y) == 4 for y in batches[:-1])
             labels += torch.cat(batches).tolist()
         assert sorted(labels) == sorted(reference)  # nothing dropped, nothing duplicated
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_val_pipeline_gets_only_its_shards_files(
+    folder: Path, tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DALI keeps a copy of every name it is given (docs/data-backends.md "Startup"): val hands each rank
+    only its shard's lines, and each epoch reads that shard once, as when it got the whole list."""
+    given: dict[int, list[bytes]] = {}
+    write_list = FileList.write_list
+
+    def record(self: FileList, path: str, *shard: int | None) -> None:
+        write_list(self, path, *shard)
+        given[len(given)] = Path(path).read_bytes().splitlines()
+
+    monkeypatch.setattr(FileList, "write_list", record)
+    backend = make_backend(data_cfg(folder, f"data.trace_dir={tmp_path}"))
+    for rank in range(world):
+        loader = backend.loader("val", 4, rank, world, seed=0)
+        for _ in range(2):  # the second epoch reads the same shard
+            list(loader)
+    for rank in range(world):
+        begin, end = rank * 21 // world, (rank + 1) * 21 // world
+        lines = given[rank]
+        assert [int(line.rsplit(b" ", 1)[1]) for line in lines] == list(range(begin, end))
+        assert [line.rsplit(b" ", 1)[0].decode() for line in lines] == [
+            backend.files("val").relative(i) for i in range(begin, end)
+        ]
+        for e in range(2):  # each epoch: the shard, once (DALI starts epoch 1 where its read-ahead left off)
+            read = sorted(map(int, (tmp_path / f"val_rank{rank}_epoch{e}.txt").read_text().split()))
+            assert read == list(range(begin, end))
+    given.clear()
+    backend.loader("train", 4, 1, world, seed=0)
+    assert len(given[0]) == 24  # train: the whole list (DALI shuffles it before taking the shard)
 
 
 def test_train_shards_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path) -> None:

@@ -97,14 +97,16 @@ class FileList:
     def path(self, index: int) -> str:
         return os.path.join(self.root, self.relative(index))
 
-    def write_list(self, path: str) -> None:
-        """DALI's `file_list` format, "relative/path label" a line, the label being the sample index."""
+    def write_list(self, path: str, begin: int = 0, end: int | None = None) -> None:
+        """DALI's `file_list` format, "relative/path label" a line, the label being the sample index; only
+        the samples [begin, end) when given (their labels stay the indices in the whole split)."""
         if b"\n" in self._blob:
             raise DataError(f"{self.root} holds a file name with a line break, which DALI's file list cannot hold")
+        end = len(self) if end is None else end
         with open(path, "wb") as out:
             chunk = 1 << 16
-            for first in range(0, len(self), chunk):
-                last = min(first + chunk, len(self))
+            for first in range(begin, end, chunk):
+                last = min(first + chunk, end)
                 start = int(self._ends[first - 1]) if first else 0
                 names = bytes(self._blob[start : int(self._ends[last - 1]) - 1]).split(b"\0")
                 out.write(b"".join(b"%s %d\n" % (n, first + i) for i, n in enumerate(names)))
@@ -157,9 +159,19 @@ class DaliBackend:
         listing = tempfile.NamedTemporaryFile(prefix="imgcls-dali-", suffix=".txt", delete=False)  # noqa: SIM115
         listing.close()
         try:
-            files.write_list(listing.name)
+            if split == "train":
+                # The whole list: DALI's random_shuffle permutes the whole list (a fixed seed) before it
+                # takes a rank's shard, and moves each rank to the next shard every epoch
+                # (stick_to_shard=False), so a rank's own files alone would read different samples.
+                files.write_list(listing.name)
+                shard = (rank, world_size)
+            else:
+                # Val reads its own contiguous shard in order every epoch (stick_to_shard, no shuffle):
+                # DALI given only that shard reads the same samples, and holds 1/world_size of the names.
+                files.write_list(listing.name, rank * len(files) // world_size, (rank + 1) * len(files) // world_size)
+                shard = (0, 1)
             return self._loader(files, listing.name, split, batch_size, rank, world_size, seed, image_size,
-                                augment_magnitude, with_crop_shape)  # fmt: skip
+                                augment_magnitude, with_crop_shape, shard)  # fmt: skip
         finally:
             os.unlink(listing.name)
 
@@ -175,6 +187,7 @@ class DaliBackend:
         image_size: int | None,
         augment_magnitude: int | None,
         with_crop_shape: bool,
+        shard: tuple[int, int],
     ) -> DaliLoader:
         cfg = self.cfg
         size = int(image_size or cfg.image_size)
@@ -182,8 +195,8 @@ class DaliBackend:
         common = {
             "file_list": file_list,
             "file_root": files.root,
-            "shard_id": rank,
-            "num_shards": world_size,
+            "shard_id": shard[0],  # the reader's shard of the list file (loader)
+            "num_shards": shard[1],
             "size": size,
             "gpu": self.gpu,
             "interpolation": str(cfg.interpolation),
