@@ -3,6 +3,7 @@ planned command composes under Hydra and plans (check_devices=False) like the re
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -18,15 +19,17 @@ from tests.conftest import ROOT, SHARED, compose_config, tiny_overrides
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
-def test_cpu_machine_says_so_in_one_line_and_exits_0() -> None:
+def test_cpu_machine_says_so_in_one_line_and_exits_0(tmp_path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, "-m", "imgcls.bench.gpu_check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "imgcls.bench.gpu_check"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines() == [
         "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan lists "
         "the checks)"
     ]
+    assert list(tmp_path.iterdir()) == []  # no empty run folder left behind in the temp dir
 
 
 def planned(capsys: pytest.CaptureFixture, *args: str) -> dict[str, list[str]]:

@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=None, help="with --plan: plan for this many GPUs")
     parser.add_argument("--hardware", default=None, help="with --plan: the hardware profile to plan for")
     args = parser.parse_args(argv)
-    run_root = tempfile.mkdtemp(prefix="imgcls-gpu-check-") if not args.plan else "/tmp/imgcls-gpu-check"
     if args.plan:
+        run_root = "/tmp/imgcls-gpu-check"  # only printed
         gpus = args.gpus or max(torch.cuda.device_count(), 1)
         hardware = args.hardware or "dgxa100"
         if args.hardware is None and torch.cuda.is_available():
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.data) / "train").is_dir() or not (Path(args.data) / "val").is_dir():
         print(f"gpu_check: --data {args.data} needs train/ and val/ folders of class folders of JPEGs")
         return 2
+    run_root = tempfile.mkdtemp(prefix="imgcls-gpu-check-")  # after the checks above: no empty folder left behind
     rows = [execute(check, hardware, gpus) for check in plan(hardware, gpus, args.data, args.steps, run_root)]
     print(table(rows, properties.name, gpus))
     print(f"run dirs under {run_root}")
