@@ -122,3 +122,16 @@ def test_benchmark_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys: pyte
     assert exit_info.value.code == 2
     assert "not made by this benchmark" in capsys.readouterr().err
     assert [p.name for p in theirs.iterdir()] == ["precious.txt"]
+
+
+def test_rebuilding_the_tree_with_other_sizes_removes_only_its_links(tmp_path: Path) -> None:
+    """A stale tree (other sizes) is deleted and rebuilt; the photos it linked to are untouched."""
+    source = make_image_folder(tmp_path / "photos", classes=2, train_per_class=2, val_per_class=1)
+    originals = {str(p): p.read_bytes() for p in source.rglob("*.jpg")}
+    bench = tmp_path / "bench"
+    tree = startup.build_tree(source, bench, classes=3, train=4, val=1)
+    assert len(list(tree.rglob("*.jpg"))) == 15
+    tree = startup.build_tree(source, bench, classes=2, train=2, val=1)
+    assert len(list(tree.rglob("*.jpg"))) == 6
+    assert {str(p): p.read_bytes() for p in source.rglob("*.jpg")} == originals
+    assert all(p.stat().st_nlink >= 1 for p in source.rglob("*.jpg"))
