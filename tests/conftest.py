@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 from PIL import Image
 
-import imgcls.cli  # noqa: F401 - registers the config resolvers
+import imgcls.config  # noqa: F401 - registers the config resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

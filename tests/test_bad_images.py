@@ -213,7 +213,7 @@ def test_mixup_evens_an_odd_batch_and_leaves_one_sample_unmixed() -> None:
     from omegaconf import OmegaConf
 
     from imgcls.module import ClassificationModule
-    from imgcls.train import resolve_plan
+    from imgcls.plan import resolve_plan
 
     cfg = compose_config(["model=resnet18", "recipe=250e", "data=synthetic", "data.num_classes=3"])
     resolved = OmegaConf.to_container(cfg, resolve=True)

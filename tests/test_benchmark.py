@@ -13,11 +13,13 @@ import pytest
 import torch
 from torch import nn
 
+import imgcls.bench.training
 import imgcls.train
 from imgcls.bench.inference import check_batch_sizes, markdown_table, measure
 from imgcls.bench.training import BenchmarkTimer
+from imgcls.cli import run_evaluate as evaluate
+from imgcls.cli import run_train
 from imgcls.errors import ConfigError
-from imgcls.evaluate import run as evaluate
 from tests.conftest import ROOT, compose_config, tiny_overrides
 from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
 
@@ -144,7 +146,7 @@ def test_training_benchmark_timer_excludes_warmup() -> None:
 def test_train_mode_benchmark_runs_timed_iterations_only(image_folder: Path, tmp_path: Path) -> None:
     overrides = tiny_overrides(image_folder, "mode=benchmark", "benchmark.warmup=2", "benchmark.iterations=8")
     # 8 timed iterations on 6 batches per epoch: the benchmark goes on over the epoch end.
-    metrics = imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    metrics = run_train(compose_config(overrides, run_dir=tmp_path))
     document = json.loads((tmp_path / "benchmark.json").read_text())
     assert document["iterations"] == 8 and document["mode"] == "benchmark_training"
     for name in ("train.total_ips", "train.compute_ips", "train.data_time", "train.compute_time"):
@@ -163,10 +165,11 @@ def test_train_mode_benchmark_runs_the_callbacks_of_a_real_run(
         return real_build(cfg, plan, callbacks, loggers)
 
     monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
+    monkeypatch.setattr(imgcls.bench.training, "build_trainer", build_trainer)
     overrides = tiny_overrides(image_folder, "recipe.epochs=1", "trainer.max_steps=2")
-    imgcls.train.run(compose_config(overrides, run_dir=tmp_path / "train"))
+    run_train(compose_config(overrides, run_dir=tmp_path / "train"))
     bench = ["mode=benchmark", "benchmark.warmup=1", "benchmark.iterations=2"]
-    imgcls.train.run(compose_config([*overrides, *bench], run_dir=tmp_path / "bench"))
+    run_train(compose_config([*overrides, *bench], run_dir=tmp_path / "bench"))
     assert built["benchmark"] == [*built["train"], BenchmarkTimer]
     assert len(built["train"]) >= 6  # report, NaN check, preemption, RNG, seeds, checkpoints
 

@@ -21,7 +21,7 @@ from imgcls.data.transforms import val_transform
 from imgcls.errors import ConfigError
 from imgcls.export import export_onnx, export_weights
 from imgcls.models.factory import build_network
-from imgcls.models.weights import TrainedModel, load_trained
+from imgcls.models.trained import TrainedModel, load_trained
 from tests.conftest import SHARED, compose_config
 from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
 

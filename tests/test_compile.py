@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 
-from imgcls.train import run
+from imgcls.cli import run_train as run
 from tests.conftest import compose_config, read_report, tiny_overrides
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from imgcls.cli import options
+from imgcls.config import options
 from imgcls.config_checks import EVALUATE, TRAIN, anything, check_config, leaves, rule_for
 from tests.conftest import ROOT, compose_config
 from tests.test_errors import assert_one_line_error

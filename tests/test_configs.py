@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from imgcls.cli import options
-from imgcls.train import resolve_plan
+from imgcls.config import options
+from imgcls.plan import resolve_plan
 from tests.conftest import ROOT, compose_config
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "nvidia-convnets.md"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import imgcls.data.demo as demo
-from imgcls.callbacks.report import write_json_atomic
-from imgcls.checkpoint_io import check_writable
+from imgcls.checkpoint import check_writable
 from imgcls.errors import ConfigError, DataError, StorageError
+from imgcls.storage import write_json_atomic
 from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 from tests.test_errors import assert_one_line_error
 

@@ -250,7 +250,8 @@ def test_sync_batchnorm_on_cpu_ddp_is_refused_in_one_line(folder: Path, tmp_path
 
 
 def test_deterministic_sets_lightnings_deterministic_mode(folder: Path, tmp_path: Path) -> None:
-    from imgcls.train import build_trainer, resolve_plan
+    from imgcls.plan import resolve_plan
+    from imgcls.trainer import build_trainer
 
     cfg = compose_config(tiny_overrides(folder, "deterministic=true"), run_dir=tmp_path)
     try:

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from imgcls.errors import CheckpointError, ConfigError
 from imgcls.evaluate import run as evaluate
 from imgcls.export import export_weights
-from imgcls.models.weights import load_trained
+from imgcls.models.trained import load_trained
 from tests.conftest import ROOT, compose_config, read_report, tiny_overrides
 
 

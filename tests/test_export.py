@@ -16,7 +16,7 @@ from imgcls.data.transforms import val_transform
 from imgcls.errors import CheckpointError
 from imgcls.export import run as export
 from imgcls.models.factory import build_network
-from imgcls.models.weights import load_trained
+from imgcls.models.trained import load_trained
 from tests.conftest import SHARED, compose_config
 from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
 

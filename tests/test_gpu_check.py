@@ -14,7 +14,8 @@ import torch
 
 from imgcls.bench import gpu_check
 from imgcls.config_checks import check_config
-from imgcls.train import check_trainer_args, resolve_plan
+from imgcls.plan import resolve_plan
+from imgcls.trainer import check_trainer_args
 from tests.conftest import ROOT, SHARED, compose_config, tiny_overrides
 
 

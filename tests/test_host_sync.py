@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 import imgcls.train
-from imgcls.callbacks.report import _Timer
 from imgcls.callbacks.resilience import SYNC_EVERY_N_STEPS
+from imgcls.timing import StepTimer
 from tests.conftest import compose_config, tiny_overrides
 
 # Host-side data loading (decode, augment; in the main process with num_workers=0) calls .item() on CPU
@@ -127,7 +127,7 @@ def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.
     syncs: list[Any] = []
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: syncs.append(args))
-    timer, cuda = _Timer(), torch.device("cuda")
+    timer, cuda = StepTimer(), torch.device("cuda")
     for _ in range(5):
         timer.batch_started(cuda)
         time.sleep(0.02)

@@ -140,8 +140,8 @@ class _Payload:
 
 
 def test_weights_files_are_never_unpickled_with_code(tmp_path: Path) -> None:
+    from imgcls.checkpoint import check_resumable
     from imgcls.models.weights import read_torch_file
-    from imgcls.train import check_resumable
 
     marker = tmp_path / "code-ran"
     hostile = tmp_path / "hostile.pt"

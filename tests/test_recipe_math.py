@@ -11,8 +11,9 @@ from timm.data import Mixup
 from imgcls.errors import ConfigError
 from imgcls.models import build_network
 from imgcls.module import _ns
-from imgcls.optim import build_optimizer, build_scheduler, parameter_groups
-from imgcls.plan import accumulation_steps, fit_per_device, make_plan, scaled_lr, warmup_steps
+from imgcls.optimizer import build_optimizer, parameter_groups
+from imgcls.plan import accumulation_steps, fit_per_device, make_plan
+from imgcls.scheduler import build_scheduler, scaled_lr, warmup_steps
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.checkpoint_io import AtomicCheckpointIO
+from imgcls.checkpoint import AtomicCheckpointIO
 from imgcls.cli import guarded
 from imgcls.data.samplers import ResumableDataLoader, ShardSampler
 from imgcls.errors import StorageError

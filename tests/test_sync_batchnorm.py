@@ -20,8 +20,9 @@ from PIL import Image
 
 from imgcls.errors import ConfigError
 from imgcls.module import ClassificationModule
+from imgcls.plan import resolve_plan
 from imgcls.sync_batchnorm import TimmSyncBatchNorm, count_sync_batchnorm
-from imgcls.train import build_trainer, resolve_plan
+from imgcls.trainer import build_trainer
 from tests.conftest import SHARED, compose_config, tiny_overrides
 
 CIFAR = SHARED / "cifar10-jpeg.tar.gz"

@@ -144,7 +144,7 @@ def test_demo_reaches_90_percent(tmp_path: Path) -> None:
 
 
 def test_ckpt_path_last_without_a_checkpoint_starts_fresh(tmp_path: Path) -> None:
-    from imgcls.callbacks.checkpoint import resolve_ckpt_path
+    from imgcls.checkpoint import resolve_ckpt_path
 
     assert resolve_ckpt_path("last", tmp_path) is None  # a requeued job's first start
     (tmp_path / "checkpoints").mkdir()

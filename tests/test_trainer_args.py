@@ -11,7 +11,8 @@ import pytest
 from lightning.pytorch.strategies import DDPStrategy
 
 from imgcls.errors import ConfigError
-from imgcls.train import IMGCLS_TRAINER_ARGS, build_trainer, resolve_plan
+from imgcls.plan import resolve_plan
+from imgcls.trainer import IMGCLS_TRAINER_ARGS, build_trainer
 from tests.conftest import compose_config, tiny_overrides
 
 

@@ -1,7 +1,7 @@
-"""Command-line entry points: Hydra composition, friendly one-line errors, exit codes.
+"""Command-line entry points: where commands and their modes are chosen, with one-line errors and exit codes.
 
-`train.py` / `evaluate.py` at the repository root and the `imgcls-train` / `imgcls-evaluate` console
-scripts all end up here.
+`train.py` / `evaluate.py` at the repository root, `python -m imgcls.classify` / `python -m imgcls.export`
+and the `imgcls-*` console scripts all end up here. Nothing in imgcls imports this module.
 """
 
 from __future__ import annotations
@@ -10,28 +10,27 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from imgcls.errors import UserError
+from imgcls import classify, evaluate, export, train
+from imgcls.bench import inference as benchmark_inference
+from imgcls.bench import training as benchmark_training
+from imgcls.config import options
+from imgcls.errors import ConfigError, UserError
+from imgcls.plan import world_size_of
 from imgcls.rundir import launch_overrides, task_name
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 GROUPS = (
     "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment", "hparams_search"
 )
 log = logging.getLogger("imgcls")
-
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def check_group_choices(argv: list[str]) -> None:
@@ -106,8 +105,6 @@ def refuse_in_process_ddp_sweep(cfg: DictConfig) -> None:
     starts each job as its own cluster job (submitit) is fine."""
     if not _in_multirun() or "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
         return
-    from imgcls.runtime import world_size_of
-
     try:
         world_size = world_size_of(cfg.trainer, check_devices=False)
     except UserError:
@@ -126,38 +123,44 @@ def _finish_wandb() -> None:
         wandb.finish()
 
 
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("imgcls.first"):
-        # ${imgcls.first:a,b}: the first value that is not null (oc.select keeps an explicit null).
-        OmegaConf.register_new_resolver(
-            "imgcls.first", lambda *values: next((v for v in values if v is not None), None)
-        )
+# The modes of each command (`mode=`): NVIDIA's benchmark_training / benchmark_inference next to the real thing.
+TRAIN_MODES: dict[str, Callable[[DictConfig], Any]] = {"train": train.run, "benchmark": benchmark_training.run}
+EVALUATE_MODES: dict[str, Callable[[DictConfig], Any]] = {
+    "evaluate": evaluate.run, "benchmark": benchmark_inference.run
+}
 
 
-register_resolvers()
+def run_mode(modes: dict[str, Callable[[DictConfig], Any]], cfg: DictConfig) -> Any:
+    """Run the function of cfg.mode (each one checks the rest of the config itself)."""
+    mode = str(cfg.get("mode") or next(iter(modes)))
+    if mode not in modes:
+        raise ConfigError(f"mode={mode} is not allowed; use {' or '.join(modes)}")
+    return modes[mode](cfg)
+
+
+def run_train(cfg: DictConfig) -> Any:
+    return run_mode(TRAIN_MODES, cfg)
+
+
+def run_evaluate(cfg: DictConfig) -> Any:
+    return run_mode(EVALUATE_MODES, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _train(cfg: DictConfig) -> Any:
-    from imgcls.train import run
-
     refuse_in_process_ddp_sweep(cfg)
-    summary = guarded(run, cfg)
+    summary = guarded(run_train, cfg)
     return (summary or {}).get("val.top1")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def _evaluate(cfg: DictConfig) -> Any:
-    from imgcls.evaluate import run
-
-    return guarded(run, cfg)
+    return guarded(run_evaluate, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="classify")
 def _classify(cfg: DictConfig) -> Any:
-    from imgcls.classify import run
-
-    result = guarded(run, cfg)
+    result = guarded(classify.run, cfg)
     if result and result.get("failed"):
         sys.exit(1)  # some images could not be read; they were reported by name, the others classified
     return result
@@ -165,9 +168,7 @@ def _classify(cfg: DictConfig) -> Any:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export(cfg: DictConfig) -> Any:
-    from imgcls.export import run
-
-    return guarded(run, cfg)
+    return guarded(export.run, cfg)
 
 
 def train_main() -> None:

@@ -2,7 +2,7 @@
 
 `ckpt=` may be an imgcls training checkpoint (it says which model, classes, preprocessing and precision
 to use), an imgcls weights export (same metadata), or a foreign state_dict given `model=NAME` (timm's or
-torchvision's keys). `mode=benchmark` runs the inference benchmark instead (imgcls.bench.inference).
+torchvision's keys). (`evaluate.py mode=benchmark` runs imgcls.bench.inference instead: see cli.py.)
 """
 
 from __future__ import annotations
@@ -13,61 +13,18 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.callbacks.report import ReportCallback, write_json_atomic
+from imgcls.callbacks.report import ReportCallback
+from imgcls.config import compose_train, model_config, precision_config, required_ckpt
 from imgcls.config_checks import EVALUATE, check_config
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.errors import CheckpointError, ConfigError, DataError
-from imgcls.models.weights import (
-    PREPROCESSING_KEYS,
-    TrainedModel,
-    is_training_checkpoint,
-    is_weights_export,
-    load_trained,
-    read_torch_file,
-    state_dict_of,
-)
+from imgcls.errors import CheckpointError, DataError
+from imgcls.models.trained import PREPROCESSING_KEYS, TrainedModel, load_trained
+from imgcls.models.weights import is_training_checkpoint, is_weights_export, read_torch_file, state_dict_of
 from imgcls.module import ClassificationModule
 from imgcls.precision import resolve_precision
-
-CONF_DIR = Path(__file__).resolve().parent / "conf"
-
-
-def compose_train(overrides: list[str]) -> DictConfig:
-    """The train config for these overrides: its model, data and precision groups give the defaults of
-    what a weights-only file does not say. Works inside a running Hydra app and outside one (tests)."""
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="train", overrides=overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
-def required_ckpt(cfg: DictConfig, needed: bool = True) -> str | None:
-    if OmegaConf.is_missing(cfg, "ckpt") or cfg.get("ckpt") in (None, ""):
-        if needed:
-            raise ConfigError("ckpt=PATH is required (a checkpoint of train.py or a file of imgcls.export)")
-        return None
-    return str(cfg.ckpt)
-
-
-def precision_config(cfg: DictConfig, default: Any = None) -> Any:
-    """precision=NAME of the command line, else the checkpoint's, else fp32."""
-    if cfg.get("precision") is not None:
-        return cfg.precision
-    if default is not None:
-        return OmegaConf.create(default)
-    return OmegaConf.load(CONF_DIR / "precision" / "fp32.yaml")
-
-
-def model_config(cfg: DictConfig) -> dict[str, Any] | None:
-    """`model=NAME` of the command line, resolved (its channels_last follows the precision)."""
-    if cfg.get("model") is None:
-        return None
-    both = OmegaConf.create({"model": cfg.model, "precision": precision_config(cfg)})
-    return OmegaConf.to_container(both.model, resolve=True)
+from imgcls.storage import write_json_atomic
 
 
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
@@ -76,13 +33,6 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg, EVALUATE)  # every value, once, before a checkpoint is read
-    mode = cfg.get("mode", "evaluate")
-    if mode == "benchmark":
-        from imgcls.bench.inference import run as benchmark
-
-        return benchmark(cfg)
-    if mode != "evaluate":
-        raise ConfigError(f"mode={mode} is not allowed; use evaluate or benchmark")
     ckpt = required_ckpt(cfg)
     blob = read_torch_file(ckpt, "ckpt")
     if is_training_checkpoint(blob):

@@ -6,7 +6,6 @@ It never knows which data backend feeds it: batches are (float images NCHW, int6
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import lightning as L
@@ -20,8 +19,8 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from imgcls.models import build_network
-from imgcls.optim import build_optimizer, build_scheduler, parameter_groups
-from imgcls.plan import warmup_steps
+from imgcls.optimizer import build_optimizer, parameter_groups
+from imgcls.scheduler import recipe_scheduler
 
 
 class ClassificationModule(L.LightningModule):
@@ -155,19 +154,7 @@ class ClassificationModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         groups = parameter_groups(self.net, self.plan["weight_decay"], bool(self.recipe.norm_bias_weight_decay))
         optimizer = build_optimizer(groups, self.recipe, self.plan["lr"])
-        # The schedule spans the recipe's epochs even when this invocation stops earlier
-        # (trainer.max_epochs < recipe.epochs: a run split into stages, resumed with ckpt_path).
-        epochs = int(self.recipe.epochs)
-        # estimated_stepping_batches loads the train loader (so num_training_batches is known); it is not
-        # used itself because it shrinks with trainer.max_steps / max_epochs.
-        estimated = self.trainer.estimated_stepping_batches
-        batches = self.trainer.num_training_batches
-        if math.isinf(batches):  # a loader without a length (benchmark mode): Lightning's estimate
-            total = max(1, int(min(estimated, 2**31)))
-        else:
-            total = max(1, math.ceil(batches / self.trainer.accumulate_grad_batches) * epochs)
-        warmup = warmup_steps(total, epochs, float(self.recipe.warmup_epochs))
-        scheduler = build_scheduler(optimizer, total, warmup, float(self.recipe.end_lr))
+        scheduler = recipe_scheduler(optimizer, self.trainer, self.recipe)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:

@@ -1,4 +1,4 @@
-"""The recipe arithmetic of a run, in one pure and unit-tested place.
+"""The recipe arithmetic of a run, in one unit-tested place: devices, batch sizes, accumulation, LR, WD.
 
 Batch semantics (see README "Batch size"):
 - ``data.batch_size`` is the per-device batch (what fits in one device's memory);
@@ -12,11 +12,16 @@ table of NVIDIA's published per-platform values (``hardware.batch``), looked up 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+from omegaconf import DictConfig, OmegaConf
+
 from imgcls.errors import ConfigError
+from imgcls.scheduler import scaled_lr
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,6 @@ def fit_per_device(per_device: int, global_batch: int, world_size: int) -> int:
     return next((d for d in range(min(per_device, per_rank), 0, -1) if per_rank % d == 0), per_device)
 
 
-def scaled_lr(lr_per_256: float, global_batch: int) -> float:
-    """The linear scaling rule NVIDIA uses: 0.256 per 256 images for the ResNets."""
-    return lr_per_256 * global_batch / 256
-
-
 def make_plan(
     *, per_device_batch: int, global_batch: int, world_size: int, lr_per_256: float, weight_decay: float
 ) -> RunPlan:
@@ -93,6 +93,62 @@ def make_plan(
     )
 
 
-def warmup_steps(total_steps: int, epochs: int, warmup_epochs: float) -> int:
-    """Warmup length in optimizer steps; the schedule is stepped per optimizer step, not per epoch."""
-    return min(total_steps, round(warmup_epochs * total_steps / max(1, epochs)))
+def world_size_of(trainer_cfg: Any, check_devices: bool = True) -> int:
+    """devices x nodes, checked against what this machine has."""
+    devices = trainer_cfg.devices
+    accelerator = str(trainer_cfg.accelerator)
+    nodes = int(trainer_cfg.get("num_nodes") or 1)
+    if isinstance(devices, str) and devices not in ("auto", "-1"):
+        devices = int(devices) if devices.isdigit() else devices
+    if accelerator in ("gpu", "cuda") and check_devices:
+        available = torch.cuda.device_count()
+        if available == 0:
+            raise ConfigError(
+                f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; use hardware=cpu "
+                "(or trainer.accelerator=cpu)"
+            )
+        if devices in ("auto", -1, "-1"):
+            devices = available
+        elif isinstance(devices, int) and devices > available:
+            raise ConfigError(f"trainer.devices={devices} but this machine has {available} GPU(s)")
+    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
+        count = len(devices)
+    elif devices in ("auto", -1, "-1"):
+        count = 1
+    else:
+        count = int(devices)
+    if count <= 0:
+        raise ConfigError(f"trainer.devices={devices} must be a positive number of devices")
+    cores = os.cpu_count() or 1
+    if accelerator == "cpu" and check_devices and count > cores:
+        raise ConfigError(f"trainer.devices={count} CPU processes but this machine has {cores} cores")
+    return count * nodes
+
+
+def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
+    """Per-device and global batch (config, else the hardware table), accumulation, LR and WD.
+
+    check_devices=False skips comparing trainer.devices with this machine (for planning a GPU run
+    on a CPU machine, e.g. in tests)."""
+    table = OmegaConf.to_container(cfg.hardware.batch, resolve=True)
+    per_device, global_batch, row_wd = lookup_batch(
+        table, str(cfg.model.batch_profile), cfg.precision.memory_class, cfg.hardware.name
+    )
+    per_device = per_device // int(cfg.model.get("batch_divisor") or 1)
+    if cfg.recipe.global_batch_size is not None:
+        global_batch = int(cfg.recipe.global_batch_size)
+    world_size = world_size_of(cfg.trainer, check_devices)
+    if cfg.data.batch_size is not None:
+        per_device = int(cfg.data.batch_size)
+    else:
+        per_device = fit_per_device(per_device, global_batch, world_size)
+    weight_decay = cfg.recipe.weight_decay
+    if weight_decay is None:
+        weight_decay = row_wd if row_wd is not None else cfg.model.weight_decay
+    return make_plan(
+        per_device_batch=per_device,
+        global_batch=global_batch,
+        world_size=world_size,
+        lr_per_256=float(cfg.recipe.lr_per_256),
+        weight_decay=float(weight_decay),
+    )

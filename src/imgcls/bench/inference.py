@@ -21,9 +21,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from imgcls.callbacks.report import write_json_atomic
+from imgcls.config import model_config, precision_config, required_ckpt
+from imgcls.config_checks import EVALUATE, check_config
 from imgcls.errors import ConfigError
+from imgcls.models.factory import build_network
+from imgcls.models.trained import load_trained
 from imgcls.precision import set_tf32
+from imgcls.storage import write_json_atomic
 
 COLUMNS = ("batch_size", "throughput_ips", "latency_avg_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms")
 HEADERS = (
@@ -130,10 +134,6 @@ def cpu_name() -> str:
 
 def _network(cfg: DictConfig) -> tuple[nn.Module, str, int, Any]:
     """(net, arch, image size, precision config) from ckpt=, else model=NAME with random weights."""
-    from imgcls.evaluate import model_config, precision_config, required_ckpt
-    from imgcls.models.factory import build_network
-    from imgcls.models.weights import load_trained
-
     ckpt = required_ckpt(cfg, needed=cfg.get("model") is None)
     model_cfg = model_config(cfg)
     if ckpt is None:
@@ -146,6 +146,7 @@ def _network(cfg: DictConfig) -> tuple[nn.Module, str, int, Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    check_config(cfg, EVALUATE)
     sizes = check_batch_sizes(cfg.batch_sizes)
     bench = cfg.get("benchmark") or {}
     warmup, iterations = int(bench.get("warmup", 5)), int(bench.get("iterations", 20))

@@ -4,7 +4,7 @@ The run's own model, precision, batch, data backend (real folders or `data=synth
 benchmark.warmup + benchmark.iterations training iterations (micro-batches); only the iterations after
 the warm-up are timed. Reports NVIDIA's train.total_ips, train.compute_ips, train.data_time and
 train.compute_time to RUN_DIR/benchmark.json and stdout. The callbacks are a training run's own
-(imgcls.train.build_callbacks: report, NaN and preemption checks, checkpoints at epoch ends, progress bar),
+(imgcls.callbacks.order.training_callbacks: report, NaN and preemption checks, checkpoints at epoch ends, progress bar),
 so the timed loop is the real one; the benchmark's timer is added on top. No validation, no loggers.
 """
 
@@ -20,10 +20,15 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from imgcls.callbacks.report import _Timer, write_json_atomic
+from imgcls.callbacks.order import training_callbacks
+from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
 from imgcls.module import ClassificationModule
+from imgcls.plan import resolve_plan
+from imgcls.storage import write_json_atomic
+from imgcls.timing import StepTimer
+from imgcls.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ class BenchmarkTimer(L.Callback):
         self.warmup = warmup
         self.iterations = iterations
         self.seen = 0
-        self.timer = _Timer()
+        self.timer = StepTimer()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.timer.reset()  # warmup=0: the first batch's data wait counts from here
@@ -62,8 +67,7 @@ class BenchmarkTimer(L.Callback):
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    from imgcls.train import build_callbacks, build_trainer, resolve_plan  # imgcls.train dispatches here
-
+    check_config(cfg)
     bench = cfg.get("benchmark") or {}
     warmup, iterations = int(bench.get("warmup", 10)), int(bench.get("iterations", 50))
     if warmup < 0 or iterations < 1:
@@ -89,7 +93,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer.limit_val_batches = 0
         cfg.trainer.num_sanity_val_steps = 0
     timer = BenchmarkTimer(warmup, iterations)
-    callbacks, _ = build_callbacks(cfg, run_dir, datamodule.classes)
+    callbacks, _ = training_callbacks(cfg, run_dir, datamodule.classes)
     trainer = build_trainer(cfg, plan, [*callbacks, timer], [])
     trainer.fit(module, datamodule=datamodule)
     if timer.timer.batches < iterations:

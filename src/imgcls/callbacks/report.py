@@ -9,88 +9,17 @@ consistently with the weights it resumed from.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
-from imgcls.errors import StorageError
-
-_UMASK = os.umask(0o022)  # read once, at import (setting it is the only way to read it), and put back
-os.umask(_UMASK)
+from imgcls.storage import write_json_atomic
+from imgcls.timing import StepTimer
 
 # How each metric is summarized over the run (NVIDIA's meters, with MinMeter really a min).
 RUN_SUMMARY = {"loss": min, "top1": max, "top5": max, "amp_skipped_steps": max}  # the last is a running total
-
-
-class _Timer:
-    """Per-phase data-wait and compute time of every batch, without a host sync per batch.
-
-    data_time is host time spent waiting for the loader (from one batch's end hook to the next one's start
-    hook). compute_time on CUDA is device time, from an event recorded when the batch starts to one recorded
-    when it ends; the events are only read in summary() (once an epoch), so the CPU keeps queueing kernels
-    instead of waiting for each step (NVIDIA called torch.cuda.synchronize() every step). Elsewhere it is
-    host time. total_ips divides by wall time, which summary() ends after the device has finished."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.samples = 0
-        self.data_time = 0.0
-        self.compute_time = 0.0
-        self.batches = 0
-        self.started = time.perf_counter()
-        self.last_end = self.started
-        self.batch_start = self.started
-        self._events: list[tuple[Any, Any]] = []  # (start, end) CUDA events, read in summary()
-        self._start_event: Any = None
-
-    def batch_started(self, device: torch.device | None = None) -> None:
-        now = time.perf_counter()
-        self.data_time += now - self.last_end
-        self.batch_start = now
-        if device is not None and device.type == "cuda":
-            self._start_event = torch.cuda.Event(enable_timing=True)
-            self._start_event.record()
-
-    def batch_ended(self, samples: int, device: torch.device) -> None:
-        now = time.perf_counter()
-        if device.type == "cuda" and self._start_event is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((self._start_event, end))
-            self._start_event = None
-        else:
-            self.compute_time += now - self.batch_start
-        self.last_end = now
-        self.samples += samples
-        self.batches += 1
-
-    def _read_events(self) -> None:
-        if self._events:
-            self._events[-1][1].synchronize()  # the one sync: the device has finished every timed batch
-            self.last_end = max(self.last_end, time.perf_counter())
-            self.compute_time += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
-            self._events = []
-
-    def summary(self, prefix: str, world_size: int) -> dict[str, float]:
-        self._read_events()
-        wall = max(self.last_end - self.started, 1e-9)
-        out = {
-            f"{prefix}.total_ips": world_size * self.samples / wall,
-            f"{prefix}.compute_ips": world_size * self.samples / max(self.compute_time, 1e-9),
-        }
-        if prefix == "train":
-            out["train.data_time"] = self.data_time / max(self.batches, 1)
-            out["train.compute_time"] = self.compute_time / max(self.batches, 1)
-        return out
 
 
 class ReportCallback(L.Callback):
@@ -98,8 +27,8 @@ class ReportCallback(L.Callback):
         self.path = Path(run_dir) / "report.json"
         self.rows: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
-        self.train = _Timer()
-        self.val = _Timer()
+        self.train = StepTimer()
+        self.val = StepTimer()
         self._loss_sum: torch.Tensor | float = 0.0  # a device tensor: no host sync per training step
         self._loss_count = 0
         self._epoch_written = -1
@@ -205,24 +134,3 @@ class ReportCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rows = list(state_dict.get("rows", []))
         self.extra = dict(state_dict.get("extra", {}))
-
-
-def write_json_atomic(path: Path, document: Any) -> None:
-    """Write then rename, so a reader (or a kill) never sees a half-written file.
-
-    PATH may be a user's `output=`, so the temp file is made with O_EXCL (mkstemp): it can never be, or
-    truncate, a file of theirs, and it is the only thing removed when the write fails."""
-    text = json.dumps(document, indent=2, sort_keys=False) + "\n"
-    tmp: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; a report is as readable as any file
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise StorageError(f"could not write {path} ({exc.strerror or type(exc).__name__})") from None

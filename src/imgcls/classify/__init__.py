@@ -21,11 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from imgcls.config import required_ckpt
 from imgcls.data.imagenet_classes import display_names
 from imgcls.data.transforms import val_transform
 from imgcls.errors import CheckpointError, ConfigError, DataError
-from imgcls.evaluate import required_ckpt
-from imgcls.models.weights import load_trained
+from imgcls.models.trained import load_trained
 
 
 class Predictor:
@@ -153,9 +153,3 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     for result in failed:
         print(f"imgcls: error: {result['path']}: {result['error']}", file=sys.stderr)
     return {"results": results, "failed": len(failed)}
-
-
-if __name__ == "__main__":
-    from imgcls.cli import classify_main
-
-    classify_main()

@@ -1,4 +1,4 @@
-"""Optimizer, parameter groups and the per-step LR schedule of the recipes."""
+"""The optimizer of the recipes (SGD, RMSprop) and its parameter groups (no weight decay on norms and biases)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 from timm.optim import param_groups_weight_decay
-from timm.scheduler import CosineLRScheduler
 from torch import nn
 
 from imgcls.errors import ConfigError
@@ -38,21 +37,3 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float) -> torch.optim.O
             momentum=float(recipe.momentum),
         )
     raise ConfigError(f"recipe.optimizer={name} is not supported; allowed: {', '.join(OPTIMIZERS)}")
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, end_lr: float
-) -> CosineLRScheduler:
-    """Linear warmup from 0 over `warmup_steps`, then cosine to `end_lr` at `total_steps`.
-
-    Stepped every optimizer step with the optimizer-step count (NVIDIA changed the LR once per epoch).
-    """
-    return CosineLRScheduler(
-        optimizer,
-        t_initial=max(1, total_steps - warmup_steps),
-        lr_min=end_lr,
-        warmup_t=warmup_steps,
-        warmup_lr_init=0.0,
-        warmup_prefix=True,
-        t_in_epochs=False,
-    )

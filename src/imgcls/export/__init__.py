@@ -10,10 +10,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +20,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from imgcls.errors import ConfigError, StorageError
-from imgcls.evaluate import compose_train, model_config, required_ckpt
-from imgcls.models.weights import TrainedModel, load_trained, preprocessing_of
+from imgcls.config import compose_train, model_config, required_ckpt
+from imgcls.errors import ConfigError
+from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
+from imgcls.storage import write_atomic
 
 FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts"}
 ONNX_OPSET = 18  # the TorchScript-based exporter's newest well-supported opset; onnxruntime runs it
@@ -60,7 +59,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "onnx": lambda t, path: export_onnx(t, path, opset),
         "torchscript": export_torchscript,
     }
-    _write_replacing(output, lambda path: writers[fmt](trained, path))
+    # The user's file at output= stays whole until the new one is complete (storage.write_atomic).
+    write_atomic(output, lambda path: writers[fmt](trained, path))
     summary = {
         "output": str(output),
         "format": fmt,
@@ -72,31 +72,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f"imgcls: wrote {output} ({fmt}, {trained.arch}, {len(trained.classes)} classes, {summary['weights']} weights)"
     )
     return summary
-
-
-def _write_replacing(output: Path, write: Callable[[Path], None]) -> None:
-    """Write a new temp file beside OUTPUT (O_EXCL: never a file of the user's), then rename it over OUTPUT,
-    so that a failed or killed export leaves the previous file whole; the temp file is all that is removed."""
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    except OSError as exc:
-        raise StorageError(f"could not write {output} ({exc.strerror or type(exc).__name__})") from None
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an exported model is as readable as any file
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def export_weights(trained: TrainedModel, path: Path) -> None:
@@ -142,9 +117,3 @@ def export_torchscript(trained: TrainedModel, path: Path) -> None:
 
 def _metadata(trained: TrainedModel) -> dict[str, Any]:
     return {k: v for k, v in trained.metadata().items() if k != "format"}
-
-
-if __name__ == "__main__":
-    from imgcls.cli import export_main
-
-    export_main()

@@ -1,0 +1,55 @@
+"""The callbacks of a training run, in the order they must run, and why that order.
+
+Lightning calls callbacks in list order for every hook, so a callback that feeds another comes first:
+the bad-image and loss checks fill in what the report writes; the rank seed is set before a resumed run's
+RNG state is restored over it. `mode=benchmark` runs these same callbacks, so its numbers are those of the
+real loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from omegaconf import DictConfig
+
+from imgcls.callbacks.report import ReportCallback
+from imgcls.callbacks.resilience import BadImageReport, FiniteLoss, Preemption, RNGState
+from imgcls.callbacks.wandb_media import wandb_media_callbacks
+from imgcls.checkpoint import checkpoint_callbacks, last_path
+from imgcls.errors import ConfigError
+from imgcls.seeding import RankSeed
+
+
+def training_callbacks(cfg: DictConfig, run_dir: Path, classes: list[str]) -> tuple[list[L.Callback], ReportCallback]:
+    """Every callback of a training run, in order, and the report (the run's summary comes from it)."""
+    report = ReportCallback(run_dir)
+    last = last_path(run_dir)
+    overflows = int(cfg.precision.get("max_consecutive_overflows", 10))
+    callbacks: list[L.Callback] = [
+        BadImageReport(report),  # before the report: its rows carry the count of skipped files
+        FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
+        report,
+        RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
+        RNGState(),
+        Preemption(last, slurm_requeue=SLURMEnvironment.detect()),  # saves last.ckpt at a step boundary
+        *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir),  # after the report: rows in the ckpt
+        *wandb_media_callbacks(cfg, classes),  # sample images, per-class accuracy (W&B only)
+    ]
+    bar = progress_bar(cfg.callbacks.get("progress_bar"))
+    if bar is not None:
+        callbacks.append(bar)
+    return callbacks, report
+
+
+def progress_bar(kind: str | None) -> Any:
+    if kind in (None, "none"):
+        return None
+    if kind == "rich":
+        return RichProgressBar(leave=True)
+    if kind == "tqdm":
+        return TQDMProgressBar()
+    raise ConfigError(f"callbacks.progress_bar={kind} is not allowed; use rich, tqdm or none")

@@ -1,0 +1,160 @@
+"""The checkpoint policy: where checkpoints live, when they are saved, how they are written, and which
+checkpoint a run may resume from.
+
+- RUN_DIR/checkpoints/last.ckpt: every epoch (optionally every K steps), and at the final step of a run cut
+  short inside an epoch; `ckpt_path=last` resumes from it.
+- RUN_DIR/checkpoints/best.ckpt: the best val top-1.
+- Every save is atomic and fsynced (storage.write_atomic), so a kill never leaves a truncated last.ckpt.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from imgcls.errors import CheckpointError, StorageError
+from imgcls.models.weights import safe_torch_load, why_unreadable
+from imgcls.storage import write_atomic
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def last_path(run_dir: str | Path) -> Path:
+    """RUN_DIR/checkpoints/last.ckpt: what `ckpt_path=last`, preemption and a requeued job use."""
+    return checkpoint_dir(run_dir) / "last.ckpt"
+
+
+def best_path(run_dir: str | Path) -> Path:
+    return checkpoint_dir(run_dir) / "best.ckpt"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, through storage.write_atomic (why: see storage.py)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if "://" in str(path):  # s3://, gs://: object stores commit uploads atomically themselves
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        write_atomic(Path(path), lambda tmp: torch.save(checkpoint, tmp), what="checkpoint", durable=True)
+
+
+def _checkpoint(dirpath: Path, filename: str, kind: type[ModelCheckpoint] = ModelCheckpoint, **kwargs: Any) -> Any:
+    return kind(
+        dirpath=dirpath,
+        filename=filename,
+        save_top_k=1,
+        enable_version_counter=False,  # overwrite last.ckpt / best.ckpt in place (atomically)
+        auto_insert_metric_name=False,
+        # After the whole epoch, validation included: a checkpoint taken at validation end makes
+        # Lightning re-run that validation on resume.
+        save_on_train_epoch_end=True,
+        **kwargs,
+    )
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """last.ckpt after every epoch; for a run that stops inside an epoch (trainer.max_steps, or
+    trainer.max_time via Lightning's Timer), after its final optimizer step instead.
+
+    Lightning ends a cut-short epoch with the epoch-end hooks, so a checkpoint saved there records the
+    epoch as complete and a resumed run would skip the rest of it (seen: stop at max_steps=4 of 6, resume,
+    and the run ended at once with "max_epochs=2 reached"). Saved after the final step, the loop state is
+    mid-epoch and the resumed run continues with the next batch."""
+
+    _seen_step = -1
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        stepped, self._seen_step = trainer.global_step != self._seen_step, trainer.global_step
+        stopping = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        if stepped and stopping and not _is_last_batch(trainer):
+            trainer.save_checkpoint(self.format_checkpoint_name({}))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if _is_last_batch(trainer):  # a cut-short epoch was saved at its final step
+            super().on_train_epoch_end(trainer, pl_module)
+
+
+def _is_last_batch(trainer: Any) -> bool:
+    return bool(getattr(trainer.fit_loop.epoch_loop.batch_progress, "is_last_batch", True))
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """last.ckpt every K optimizer steps, except at an epoch's last batch: a checkpoint taken there,
+    before validation, resumes with that epoch's validation (and its report row) skipped. The epoch-end
+    checkpoint follows right after validation instead."""
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if _is_last_batch(trainer):
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) -> list[ModelCheckpoint]:
+    """`last.ckpt` every epoch (and every K steps if asked), `best.ckpt` on the monitored metric.
+
+    "last" is its own monitor-less callback: Lightning 2.6's `save_last=True` only refreshes last.ckpt
+    when the monitored top-k checkpoint was saved, i.e. not after an epoch without improvement."""
+    if cfg is None:
+        return []
+    last, best = last_path(run_dir), best_path(run_dir)
+    every_n_epochs = int(cfg.get("every_n_epochs") or 1)
+    callbacks = [_checkpoint(last.parent, last.stem, LastCheckpoint, every_n_epochs=every_n_epochs)]
+    if has_val and cfg.get("monitor"):
+        callbacks.append(_checkpoint(best.parent, best.stem, monitor=cfg.monitor, mode="max"))
+    if cfg.get("every_n_train_steps"):
+        steps = int(cfg.every_n_train_steps)
+        callbacks.append(_checkpoint(last.parent, last.stem, StepCheckpoint, every_n_train_steps=steps))
+    return callbacks
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: str | Path) -> str | None:
+    """`last` means this run dir's checkpoints/last.ckpt; None when there is none yet (fresh start)."""
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "last":
+        last = last_path(run_dir)
+        return str(last) if last.exists() else None
+    return str(ckpt_path)
+
+
+def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:
+    """Refuse, in one line, a checkpoint of another architecture or class list before Lightning
+    fails deep inside load_state_dict."""
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
+    try:  # mmap: only the small metadata is read, not the tensors; never code from the file (weights_only)
+        meta = safe_torch_load(path, mmap=True).get("imgcls")
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not a readable checkpoint ({why_unreadable(exc)})") from None
+    if not meta:
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not an imgcls training checkpoint")
+    if meta["arch"] != arch:
+        raise CheckpointError(f"ckpt_path={ckpt_path} is for model {meta['arch']}, not {arch}; pass model=... to match")
+    if list(meta["classes"]) != list(classes):
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} was trained on {len(meta['classes'])} classes that differ from data.root's "
+            f"{len(classes)}; to fine-tune on new classes use model.weights={ckpt_path} instead"
+        )
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """Fail before training (one line) when the run dir cannot hold checkpoints, not hours later."""
+    run_dir = Path(run_dir)
+    try:
+        checkpoint_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        # mkstemp (O_EXCL): the probe is always a new file of ours, never one that happens to share its name.
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=checkpoint_dir(run_dir))
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise StorageError(f"run_dir={run_dir} is not writable ({exc.strerror or type(exc).__name__})") from None

@@ -1,0 +1,5 @@
+"""`python -m imgcls.classify ckpt=PATH images=[...]` (the command itself is in imgcls.cli)."""
+
+from imgcls.cli import classify_main
+
+classify_main()

@@ -1,0 +1,66 @@
+"""Config composition that every command shares: the conf/ folder, its group options, the resolvers, the
+train config for a set of overrides, and the keys evaluate, classify, export and the inference benchmark
+read alike (ckpt=, model=, precision=)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from imgcls.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+def options(group: str) -> list[str]:
+    """The choices of a config group (its YAML files; `_`-prefixed files are shared bases)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("imgcls.first"):
+        # ${imgcls.first:a,b}: the first value that is not null (oc.select keeps an explicit null).
+        OmegaConf.register_new_resolver(
+            "imgcls.first", lambda *values: next((v for v in values if v is not None), None)
+        )
+
+
+register_resolvers()
+
+
+def compose_train(overrides: list[str]) -> DictConfig:
+    """The train config for these overrides: its model, data and precision groups give the defaults of
+    what a weights-only file does not say. Works inside a running Hydra app and outside one (tests)."""
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="train", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def required_ckpt(cfg: DictConfig, needed: bool = True) -> str | None:
+    if OmegaConf.is_missing(cfg, "ckpt") or cfg.get("ckpt") in (None, ""):
+        if needed:
+            raise ConfigError("ckpt=PATH is required (a checkpoint of train.py or a file of imgcls.export)")
+        return None
+    return str(cfg.ckpt)
+
+
+def precision_config(cfg: DictConfig, default: Any = None) -> Any:
+    """precision=NAME of the command line, else the checkpoint's, else fp32."""
+    if cfg.get("precision") is not None:
+        return cfg.precision
+    if default is not None:
+        return OmegaConf.create(default)
+    return OmegaConf.load(CONF_DIR / "precision" / "fp32.yaml")
+
+
+def model_config(cfg: DictConfig) -> dict[str, Any] | None:
+    """`model=NAME` of the command line, resolved (its channels_last follows the precision)."""
+    if cfg.get("model") is None:
+        return None
+    both = OmegaConf.create({"model": cfg.model, "precision": precision_config(cfg)})
+    return OmegaConf.to_container(both.model, resolve=True)

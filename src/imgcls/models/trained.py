@@ -1,0 +1,142 @@
+"""A trained network from any weights file, with what is needed to use it: classes and val preprocessing.
+
+The one loader that evaluate, classify, export and the inference benchmark share (models/weights.py reads
+the files; models/factory.py builds the network).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from imgcls.data.imagenet_classes import imagenet_names
+from imgcls.errors import CheckpointError
+from imgcls.models.factory import build_network
+from imgcls.models.weights import (
+    EXPORT_FORMAT,
+    head_name,
+    is_training_checkpoint,
+    is_weights_export,
+    load_state,
+    read_torch_file,
+    state_dict_of,
+)
+
+# The data keys that make up the val preprocessing (what imgcls.data.transforms.val_transform reads).
+PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "interpolation", "mean", "std")
+
+
+@dataclass
+class TrainedModel:
+    """A network in eval mode plus what is needed to use it: classes and the val preprocessing."""
+
+    net: nn.Module
+    arch: str
+    model_cfg: dict[str, Any]
+    classes: list[str]
+    preprocessing: dict[str, Any]
+    ema: bool = False
+    kind: str = "checkpoint"  # checkpoint | weights | state_dict
+    run_config: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "format": EXPORT_FORMAT,
+            "arch": self.arch,
+            "model": self.model_cfg,
+            "classes": self.classes,
+            "image_size": int(self.preprocessing["image_size"]),
+            "preprocessing": self.preprocessing,
+            "ema": self.ema,
+        }
+
+
+def preprocessing_of(data_cfg: Any) -> dict[str, Any]:
+    data = OmegaConf.to_container(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
+    return {k: data[k] for k in PREPROCESSING_KEYS}
+
+
+def _build(model_cfg: dict[str, Any], num_classes: int) -> nn.Module:
+    return build_network(OmegaConf.create({**model_cfg, "weights": None}), num_classes)
+
+
+def _check_arch(found: str, wanted: dict[str, Any] | None, path: str | Path, key: str) -> None:
+    if wanted is not None and wanted.get("arch") != found:
+        raise CheckpointError(
+            f"{key}={path} holds a {found} network, not model={wanted.get('name')} ({wanted.get('arch')})"
+        )
+
+
+def load_trained(
+    path: str | Path,
+    use_ema: bool = False,
+    model_cfg: dict[str, Any] | None = None,
+    classes: list[str] | None = None,
+    preprocessing: dict[str, Any] | None = None,
+    key: str = "ckpt",
+    blob: Any = None,
+) -> TrainedModel:
+    """Any of the three kinds of file -> TrainedModel. model_cfg/classes/preprocessing are needed only for
+    a foreign state_dict (classes default to ImageNet's for a 1000-way head); for ours model_cfg must agree.
+    blob: the file's content when the caller has already read it."""
+    blob = read_torch_file(path, key) if blob is None else blob
+    if is_training_checkpoint(blob):
+        hparams, meta = blob["hyper_parameters"], blob["imgcls"]
+        _check_arch(meta["arch"], model_cfg, path, key)
+        prefix = "net."
+        if use_ema:
+            if not meta.get("has_ema"):
+                raise CheckpointError(f"{key}={path} has no EMA weights (trained without recipe.ema_decay)")
+            prefix = "ema.module."
+        state = {k[len(prefix) :]: v for k, v in blob["state_dict"].items() if k.startswith(prefix)}
+        model = dict(hparams["model"])
+        net = _build(model, len(hparams["classes"]))
+        load_state(net, state, f"{key}={path}", meta["arch"], new_head_ok=False)
+        prep = preprocessing_of(hparams["run_config"]["data"])
+        return TrainedModel(
+            net.eval(),
+            meta["arch"],
+            model,
+            list(hparams["classes"]),
+            prep,
+            use_ema,
+            "checkpoint",
+            hparams["run_config"],
+        )
+    if is_weights_export(blob):
+        _check_arch(blob["arch"], model_cfg, path, key)
+        if use_ema and not blob.get("ema"):
+            raise CheckpointError(f"{key}={path} holds the raw weights; export with use_ema=true for the EMA ones")
+        net = _build(blob["model"], len(blob["classes"]))
+        load_state(net, blob["state_dict"], f"{key}={path}", blob["arch"], new_head_ok=False)
+        return TrainedModel(
+            net.eval(),
+            blob["arch"],
+            dict(blob["model"]),
+            list(blob["classes"]),
+            dict(blob["preprocessing"]),
+            bool(blob.get("ema")),
+            "weights",
+        )
+    state = state_dict_of(blob, path, key)
+    if model_cfg is None:
+        raise CheckpointError(f"{key}={path} is a plain state_dict without metadata: name its model (model=NAME)")
+    if use_ema:
+        raise CheckpointError(f"{key}={path} is a plain state_dict: use_ema needs an imgcls checkpoint")
+    probe = _build(model_cfg, 1)
+    head_key = head_name(probe) + ".weight"
+    if classes is None:
+        if head_key not in state:  # not this architecture: the full list of what does not fit
+            load_state(probe, state, f"{key}={path}", model_cfg["arch"], new_head_ok=False)
+        count = state[head_key].shape[0]
+        # 1000 outputs: timm's and torchvision's ImageNet-1k files, labels in sorted-wnid order.
+        classes = list(imagenet_names()) if count == 1000 else [str(i) for i in range(count)]
+    net = _build(model_cfg, len(classes))
+    load_state(net, state, f"{key}={path}", model_cfg["arch"], new_head_ok=False)
+    return TrainedModel(
+        net.eval(), model_cfg["arch"], dict(model_cfg), list(classes), dict(preprocessing or {}), False, "state_dict"
+    )

@@ -1,0 +1,70 @@
+"""The lightning.Trainer of a run: the user's trainer.* arguments plus what imgcls derives from other keys
+(precision plugins, DDP, sync BN, SLURM, atomic checkpoint files, accumulation)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from omegaconf import DictConfig, OmegaConf
+
+from imgcls.checkpoint import AtomicCheckpointIO
+from imgcls.errors import ConfigError
+from imgcls.plan import RunPlan
+from imgcls.precision import resolve_precision
+from imgcls.sync_batchnorm import TimmSyncBatchNorm
+
+# lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest).
+IMGCLS_TRAINER_ARGS = {
+    "precision": "precision=amp|bf16|tf32|fp32", "accumulate_grad_batches": "recipe.global_batch_size",
+    "callbacks": "callbacks.*", "logger": "logger=...", "plugins": "precision/hardware", "deterministic":
+    "deterministic=true", "enable_checkpointing": "callbacks.checkpoint", "use_distributed_sampler": None,
+    "default_root_dir": "hydra.run.dir",
+}  # fmt: skip
+
+
+def check_trainer_args(trainer_args: dict[str, Any]) -> None:
+    """One line for a trainer.X that lightning.Trainer does not take, or that imgcls sets itself."""
+    allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"} - set(IMGCLS_TRAINER_ARGS)
+    for key in trainer_args:
+        if key in IMGCLS_TRAINER_ARGS:
+            instead = IMGCLS_TRAINER_ARGS[key]
+            raise ConfigError(f"trainer.{key} is set by imgcls" + (f"; use {instead}" if instead else ""))
+        if key not in allowed:
+            names = ", ".join(sorted(allowed))
+            raise ConfigError(f"trainer.{key} is not a lightning.Trainer argument; allowed: {names}")
+
+
+def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], loggers: list[Any]) -> L.Trainer:
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_trainer_args(trainer_args)
+    precision, plugins = resolve_precision(cfg.precision, str(trainer_args["accelerator"]))
+    if plan.world_size > 1:
+        # find_unused_parameters stays off: every parameter of a classifier gets a gradient.
+        if trainer_args.get("strategy") in (None, "auto"):
+            trainer_args["strategy"] = "ddp"
+        if trainer_args.get("sync_batchnorm") and trainer_args["accelerator"] == "cpu":
+            raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only)")
+    plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see checkpoint_io.py)
+    if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
+        plugins.append(TimmSyncBatchNorm())
+    if SLURMEnvironment.detect():
+        # Ranks and world size from SLURM. Not Lightning's auto_requeue: its SIGUSR1 handler saves inside the
+        # signal handler, where the checkpoint's collectives meet the other ranks at arbitrary points (a hang
+        # under DDP). Preemption saves at a step boundary on every rank, then requeues (resilience.py).
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return L.Trainer(
+        **trainer_args,
+        precision=precision,
+        plugins=plugins,
+        accumulate_grad_batches=plan.accumulation,
+        # Our samplers shard (train) and shard without padding (val, exact metrics) themselves.
+        use_distributed_sampler=False,
+        deterministic=bool(cfg.deterministic) or None,
+        default_root_dir=cfg.run_dir,
+        callbacks=callbacks,
+        logger=loggers or False,
+        enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
+    )
