@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from imgcls.data.augment import with_magnitude
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config, with_magnitude
+from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
 from imgcls.errors import ConfigError
 from tests.conftest import compose_config, make_image_folder, tiny_overrides
 

@@ -13,9 +13,9 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from imgcls.data.augment import with_magnitude
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import BadImageLog, CheckedImageFolder, collate_dropping_bad
-from imgcls.data.progressive import with_magnitude
 from imgcls.data.samplers import ResumableDataLoader, ShardSampler
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform

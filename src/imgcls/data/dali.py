@@ -41,11 +41,11 @@ import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from imgcls.data.augment import parse_randaugment
 from imgcls.data.dali_host import HostResize, resize_on_host
 from imgcls.data.dali_pipelines import READER, interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import BadImageLog, BadSample, scan_file
-from imgcls.data.progressive import parse_randaugment
 from imgcls.errors import ConfigError, DataError
 
 

@@ -7,17 +7,7 @@ from typing import Any
 
 from timm.data import create_transform
 
-# Our recipe names -> timm auto_augment policy strings.
-# "original" is the AutoAugment paper's ImageNet policy, the one NVIDIA's IC/autoaugment.py implements.
-AUGMENT_POLICIES = {"autoaugment": "original", "randaugment": None}
-
-
-def augment_policy(cfg: Any) -> str | None:
-    if cfg.augment is None:
-        return None
-    if cfg.augment == "randaugment":
-        return str(cfg.randaugment)
-    return AUGMENT_POLICIES[cfg.augment]
+from imgcls.data.augment import augment_policy
 
 
 def train_transform(cfg: Any, image_size: int | None = None) -> Callable:
