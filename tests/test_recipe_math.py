@@ -49,10 +49,12 @@ def test_lr_follows_the_global_batch() -> None:
     assert (plan.lr, plan.accumulation) == (pytest.approx(1.024), 1)
 
 
-def _lr_curve(total: int, warmup: int, base: float = 2.048, end: float = 0.0) -> list[float]:
+def _lr_curve(
+    total: int, warmup: int, base: float = 2.048, end: float = 0.0, schedule: str = "cosine", epochs: int | None = None
+) -> list[float]:
     net = torch.nn.Linear(2, 2)
     opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.875, nesterov=False), base)
-    sched = build_scheduler(opt, total, warmup, end)
+    sched = build_scheduler(opt, total, warmup, end, schedule, epochs=epochs)
     lrs = [opt.param_groups[0]["lr"]]
     for step in range(1, total + 1):  # how ClassificationModule.lr_scheduler_step drives it
         sched.step_update(num_updates=step)
@@ -118,3 +120,26 @@ def test_mixup_targets_are_smoothed_convex_combinations() -> None:
     assert torch.allclose(mixed[0], lam * images[0] + (1 - lam) * images[7], atol=1e-5)
     assert targets[0, 7] == pytest.approx(float((1 - lam) * 0.9 + off), abs=1e-5)
     assert targets.min() >= off - 1e-6
+
+
+def test_step_schedule_divides_by_ten_at_nvidias_epochs_30_60_80() -> None:
+    # NVIDIA lr_step_policy (--lr-schedule step): warmup, then x0.1 at epochs 30, 60 and 80 (absolute epochs).
+    total, warmup = 900, warmup_steps(900, 90, 8)
+    lrs = _lr_curve(total, warmup, schedule="step", epochs=90)
+    assert lrs[40] == pytest.approx(2.048 * 40 / 80) and lrs[80] == pytest.approx(2.048)
+    assert lrs[299] == pytest.approx(2.048) and lrs[300] == pytest.approx(0.2048)
+    assert lrs[599] == pytest.approx(0.2048) and lrs[600] == pytest.approx(0.02048)
+    assert lrs[800] == pytest.approx(0.002048) and lrs[900] == pytest.approx(0.002048)
+
+
+def test_linear_schedule_is_nvidias_base_times_one_minus_e_over_es() -> None:
+    # NVIDIA lr_linear_policy: base * (1 - e/es), e = epoch - warmup, es = epochs - warmup (here per step).
+    total, warmup = 900, 80
+    lrs = _lr_curve(total, warmup, schedule="linear", epochs=90)
+    for step in (80, 285, 490, 899, 900):
+        assert lrs[step] == pytest.approx(2.048 * (1 - (step - 80) / 820), abs=1e-9)
+
+
+def test_unknown_schedule_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"recipe.schedule=exponential is not allowed; use cosine, linear, step"):
+        _lr_curve(10, 1, schedule="exponential")

@@ -1,5 +1,6 @@
-"""The LR schedule of the recipes, in one place: peak LR by the linear scaling rule, linear warmup, cosine
-decay to `recipe.end_lr`, stepped every optimizer step over the recipe's whole length."""
+"""The LR schedule of the recipes, in one place: peak LR (linear scaling rule), linear warmup, then
+`recipe.schedule` (cosine, linear or step, as NVIDIA's --lr-schedule), stepped every optimizer step over the
+recipe's whole length."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import math
 from typing import Any
 
 import torch
-from timm.scheduler import CosineLRScheduler
+from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler
+from timm.scheduler.scheduler import Scheduler
+
+from imgcls.errors import ConfigError
 
 
 def scaled_lr(lr_per_256: float, global_batch: int) -> float:
@@ -32,27 +36,49 @@ def total_steps(trainer: Any, epochs: int) -> int:
     return max(1, math.ceil(batches / trainer.accumulate_grad_batches) * epochs)
 
 
+SCHEDULES = ("cosine", "linear", "step")
+STEP_MILESTONES = (30, 60, 80)  # NVIDIA main.py lr_step_policy: x0.1 at these epochs (hard-coded there)
+
+
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, end_lr: float
-) -> CosineLRScheduler:
-    """Linear warmup from 0 over `warmup_steps`, then cosine to `end_lr` at `total_steps`.
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_steps: int,
+    end_lr: float,
+    schedule: str = "cosine",
+    milestones: tuple[float, ...] = STEP_MILESTONES,
+    epochs: int | None = None,
+) -> Scheduler:
+    """Linear warmup from 0 over `warmup_steps`, then NVIDIA's `--lr-schedule` decay:
 
-    Stepped every optimizer step with the optimizer-step count (NVIDIA changed the LR once per epoch).
+    - cosine: to `end_lr` at `total_steps`;
+    - linear: base * (1 - e/es) after warmup, i.e. a straight line to `end_lr` (0) at `total_steps`;
+    - step: x0.1 at the epochs in `milestones` (absolute epochs, as NVIDIA counts them; needs `epochs`).
+
+    Stepped every optimizer step with the optimizer-step count (NVIDIA changed the LR once per epoch), with
+    timm's schedulers rather than hand-written formulas.
     """
-    return CosineLRScheduler(
-        optimizer,
-        t_initial=max(1, total_steps - warmup_steps),
-        lr_min=end_lr,
-        warmup_t=warmup_steps,
-        warmup_lr_init=0.0,
-        warmup_prefix=True,
-        t_in_epochs=False,
-    )
+    common = {"warmup_t": warmup_steps, "warmup_lr_init": 0.0, "t_in_epochs": False}
+    decay_steps = max(1, total_steps - warmup_steps)
+    if schedule == "cosine":
+        return CosineLRScheduler(optimizer, t_initial=decay_steps, lr_min=end_lr, warmup_prefix=True, **common)
+    if schedule == "linear":
+        return PolyLRScheduler(optimizer, t_initial=decay_steps, power=1.0, lr_min=end_lr, warmup_prefix=True, **common)
+    if schedule == "step":
+        steps_per_epoch = total_steps / max(1, epochs or 1)
+        # +1: timm's MultiStep decays once t + 1 reaches a milestone (its epoch-end convention); here t counts
+        # optimizer steps done, and the first step of epoch m must already run at the decayed LR.
+        decay_t = [round(m * steps_per_epoch) + 1 for m in milestones]
+        return MultiStepLRScheduler(optimizer, decay_t=decay_t, decay_rate=0.1, warmup_prefix=False, **common)
+    raise ConfigError(f"recipe.schedule={schedule} is not allowed; use {', '.join(SCHEDULES)}")
 
 
-def recipe_scheduler(optimizer: torch.optim.Optimizer, trainer: Any, recipe: Any) -> CosineLRScheduler:
-    """The schedule of `recipe` (epochs, warmup_epochs, end_lr) for this trainer's loader."""
+def recipe_scheduler(optimizer: torch.optim.Optimizer, trainer: Any, recipe: Any) -> Scheduler:
+    """The schedule of `recipe` (schedule, epochs, warmup_epochs, end_lr) for this trainer's loader."""
     epochs = int(recipe.epochs)
     total = total_steps(trainer, epochs)
     warmup = warmup_steps(total, epochs, float(recipe.warmup_epochs))
-    return build_scheduler(optimizer, total, warmup, float(recipe.end_lr))
+    milestones = tuple(recipe.get("lr_milestones") or STEP_MILESTONES)
+    return build_scheduler(
+        optimizer, total, warmup, float(recipe.end_lr), str(recipe.get("schedule") or "cosine"), milestones, epochs
+    )
