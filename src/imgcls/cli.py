@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from imgcls import classify, evaluate, export, train
+from imgcls import classify, evaluate, export, plan, train
 from imgcls.bench import inference as benchmark_inference
 from imgcls.bench import training as benchmark_training
 from imgcls.config import options
@@ -124,7 +124,9 @@ def _finish_wandb() -> None:
 
 
 # The modes of each command (`mode=`): NVIDIA's benchmark_training / benchmark_inference next to the real thing.
-TRAIN_MODES: dict[str, Callable[[DictConfig], Any]] = {"train": train.run, "benchmark": benchmark_training.run}
+TRAIN_MODES: dict[str, Callable[[DictConfig], Any]] = {
+    "train": train.run, "benchmark": benchmark_training.run, "plan": plan.show
+}
 EVALUATE_MODES: dict[str, Callable[[DictConfig], Any]] = {
     "evaluate": evaluate.run, "benchmark": benchmark_inference.run
 }

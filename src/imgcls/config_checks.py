@@ -135,7 +135,7 @@ STEPS_LIMIT = integer(1, also=(-1,))  # Lightning: -1 = no limit; 0 would "train
 # Patterns (fnmatch, `*` = one or more name parts) in the order the config composes them.
 TRAIN: dict[str, Check] = {
     "task_name": anything,
-    "mode": choice("train", "benchmark"),
+    "mode": choice("train", "benchmark", "plan"),
     "benchmark.warmup": COUNT,
     "benchmark.iterations": POSITIVE,
     "seed": integer(0, 2**32 - 1),  # numpy's and DALI's seed range
@@ -212,6 +212,7 @@ TRAIN: dict[str, Check] = {
     "data.backend": anything,
     "data.batch_size": POSITIVE_OR_NULL,
     "data.val_batch_size": POSITIVE_OR_NULL,
+    "data.train_images": POSITIVE_OR_NULL,
     "data.num_workers": COUNT,
     "data.prefetch_factor": POSITIVE_OR_NULL,
     "data.pin_memory": boolean,
@@ -302,7 +303,7 @@ TRAIN: dict[str, Check] = {
 EVALUATE: dict[str, Check] = {
     **{k: v for k, v in TRAIN.items() if k.startswith(("model.", "precision."))},
     "task_name": anything,
-    "mode": anything,  # evaluate.run names the two modes
+    "mode": choice("evaluate", "benchmark"),
     "ckpt": anything,
     "use_ema": boolean,
     "output": anything,

@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from imgcls.config_checks import check_config
 from imgcls.errors import ConfigError
-from imgcls.scheduler import scaled_lr
+from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
 
 
 @dataclass(frozen=True)
@@ -152,3 +154,55 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
         lr_per_256=float(cfg.recipe.lr_per_256),
         weight_decay=float(weight_decay),
     )
+
+
+def train_images(data_cfg: Any) -> tuple[int | None, str]:
+    """The number of training images and where it came from: `data.train_images` (ImageNet's published
+    count), else the files of data.root/train when that folder exists (a listing; no image is opened)."""
+    if data_cfg.get("train_images"):
+        return int(data_cfg.train_images), "data.train_images"
+    if data_cfg.get("backend") == "synthetic" and data_cfg.get("num_samples"):
+        return int(data_cfg.num_samples), "data.num_samples"
+    root = data_cfg.get("root")
+    train = Path(str(root)) / "train" if root not in (None, "???") else None
+    if train is None or not train.is_dir():
+        return None, "unknown: set data.train_images=N"
+    count = sum(1 for d in os.scandir(train) if d.is_dir() for f in os.scandir(d.path) if f.is_file())
+    return count, f"files in {train}"
+
+
+def describe(cfg: DictConfig) -> dict[str, Any]:
+    """`mode=plan`: the resolved run for any machine (an 8-GPU plan on a laptop), without opening an image,
+    building a network or touching a GPU."""
+    check_config(cfg)
+    plan = resolve_plan(cfg, check_devices=False)
+    recipe = cfg.recipe
+    epochs = int(recipe.epochs)
+    images, source = train_images(cfg.data)
+    summary: dict[str, Any] = {
+        "model": str(cfg.model.name), "arch": str(cfg.model.arch), "image_size": int(cfg.model.image_size),
+        "hardware": str(cfg.hardware.name), "precision": str(cfg.precision.name), "data.backend": str(cfg.data.backend),
+        "recipe": str(recipe.name), "epochs": epochs, "optimizer": str(recipe.optimizer),
+        "schedule": str(recipe.get("schedule") or "cosine"), "warmup_epochs": float(recipe.warmup_epochs),
+        **plan.as_dict(), "train_images": images, "train_images_from": source,
+    }  # fmt: skip
+    if images:
+        # Training shards drop the remainder (every rank gets the same count) and drop the last partial batch.
+        batches = (images // plan.world_size) // plan.per_device_batch
+        total = recipe_steps(batches, plan.accumulation, epochs)
+        summary.update(
+            steps_per_epoch=total // epochs, total_steps=total, warmup_steps=warmup_steps(total, epochs,
+            float(recipe.warmup_epochs)),
+        )  # fmt: skip
+    expected = cfg.get("expected")
+    summary["expected"] = OmegaConf.to_container(expected, resolve=True) if expected else None
+    return summary
+
+
+def show(cfg: DictConfig) -> dict[str, Any]:
+    """Print the plan, one `key: value` line each, and return it."""
+    summary = describe(cfg)
+    width = max(map(len, summary))
+    for key, value in summary.items():
+        print(f"{key:<{width}}  {value}")
+    return summary

@@ -33,7 +33,13 @@ def total_steps(trainer: Any, epochs: int) -> int:
     batches = trainer.num_training_batches
     if math.isinf(batches):  # a loader without a length (benchmark mode): Lightning's estimate
         return max(1, int(min(estimated, 2**31)))
-    return max(1, math.ceil(batches / trainer.accumulate_grad_batches) * epochs)
+    return recipe_steps(int(batches), int(trainer.accumulate_grad_batches), epochs)
+
+
+def recipe_steps(batches_per_epoch: int, accumulation: int, epochs: int) -> int:
+    """Optimizer steps of `epochs` epochs of `batches_per_epoch` micro-batches (an epoch's last partial
+    accumulation still steps, as Lightning does)."""
+    return max(1, math.ceil(batches_per_epoch / accumulation) * epochs)
 
 
 SCHEDULES = ("cosine", "linear", "step")

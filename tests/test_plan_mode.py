@@ -1,0 +1,41 @@
+"""`train.py mode=plan`: the resolved run of any experiment for any machine, without data or GPUs (issue 12 §2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imgcls.config import options
+from imgcls.plan import describe
+from tests.conftest import compose_config, run_cli
+
+
+def test_plan_of_an_8_gpu_experiment_prints_on_a_cpu_machine(tmp_path: Path) -> None:
+    result = run_cli("train.py", "mode=plan", "experiment=resnet50_dgxa100_amp_90e", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    # NVIDIA's DGXA100 RN50 AMP 90E: 8 x 256 = 2048, LR 0.256 x 2048 / 256, WD 1/32768 (nvidia-convnets.md §2.2)
+    assert (lines["world_size"], lines["per_device_batch"], lines["global_batch"]) == ("8", "256", "2048")
+    assert float(lines["lr"]) == pytest.approx(2.048) and float(lines["weight_decay"]) == pytest.approx(1 / 32768)
+    # 1,281,167 images / 8 ranks / 256 per batch = 625 steps an epoch, 90 epochs, 8 of them warmup.
+    assert (lines["steps_per_epoch"], lines["total_steps"], lines["warmup_steps"]) == ("625", "56250", "5000")
+    assert "77.12" in lines["expected"] and lines["precision"] == "amp"
+    assert not (tmp_path / "checkpoints").exists()  # nothing of a training run is made
+
+
+# demo: its digits are written at its first run, so its plan has no step counts before that.
+@pytest.mark.parametrize("experiment", [e for e in options("experiment") if e != "demo"])
+def test_every_experiment_has_a_plan(experiment: str) -> None:
+    plan = describe(compose_config([f"experiment={experiment}"]))
+    assert plan["global_batch"] == plan["per_device_batch"] * plan["world_size"] * plan["accumulation"]
+    assert plan["total_steps"] == plan["steps_per_epoch"] * plan["epochs"] and plan["warmup_steps"] > 0
+    assert plan["lr"] > 0 and plan["weight_decay"] > 0
+
+
+def test_plan_counts_the_train_folder_when_no_count_is_given(image_folder: Path) -> None:
+    cfg = compose_config(["data=folder", f"data.root={image_folder}", "data.batch_size=8",
+                          "recipe.global_batch_size=8", "hardware=cpu", "recipe.epochs=2"])  # fmt: skip
+    plan = describe(cfg)
+    assert (plan["train_images"], plan["steps_per_epoch"], plan["total_steps"]) == (48, 6, 12)
+    assert plan["train_images_from"].startswith("files in ")
