@@ -50,12 +50,13 @@ def test_resnet50_is_v1_5() -> None:
     assert block.conv2.kernel_size == (3, 3)
 
 
-@pytest.mark.parametrize("mode", ["fan_in", "fan_out"])
+# NVIDIA's legacy --model-config names are aliases: classic/grp-fanout = fan_out, fanin/grp-fanin = fan_in.
+@pytest.mark.parametrize("mode", ["fan_in", "fan_out", "classic", "fanin", "grp-fanin", "grp-fanout"])
 def test_kaiming_conv_init(mode: str) -> None:
     torch.manual_seed(0)
     net = build_network(model_cfg(f"model.conv_init={mode}"), num_classes=10)
     conv = net.layer3[0].conv1  # 1x1, 512 -> 256
-    fan = conv.in_channels if mode == "fan_in" else conv.out_channels
+    fan = conv.in_channels if mode in ("fan_in", "fanin", "grp-fanin") else conv.out_channels
     expected = (2.0 / fan) ** 0.5
     assert conv.weight.std().item() == pytest.approx(expected, rel=0.05)
 

@@ -143,3 +143,9 @@ def test_linear_schedule_is_nvidias_base_times_one_minus_e_over_es() -> None:
 def test_unknown_schedule_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"recipe.schedule=exponential is not allowed; use cosine, linear, step"):
         _lr_curve(10, 1, schedule="exponential")
+
+
+def test_an_absolute_lr_overrides_the_per_256_rule() -> None:
+    # NVIDIA's --lr 2.048 with --optimizer-batch-size 2048: recipe.lr, reported in the plan as is.
+    plan = make_plan(per_device_batch=256, global_batch=2048, world_size=8, lr_per_256=0.256, weight_decay=0, lr=1.5)
+    assert plan.lr == 1.5

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from imgcls.errors import ConfigError
+from imgcls.models.factory import CONV_INITS
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ TRAIN: dict[str, Check] = {
     "model.image_size": POSITIVE,
     "model.drop_rate": RATE,
     "model.drop_path_rate": RATE,
-    "model.conv_init": anything,
+    "model.conv_init": choice(*CONV_INITS),  # NVIDIA --conv_init, or its legacy --model-config names
     "model.zero_init_last_bn": boolean,
     "model.bn_momentum": number(0, 1, open_low=True, null=True),
     "model.bn_eps": number(0, open_low=True, null=True),
@@ -195,6 +196,7 @@ TRAIN: dict[str, Check] = {
     "recipe.rmsprop_alpha": number(0, 1, open_low=True, open_high=True, null=True),
     "recipe.rmsprop_eps": number(0, open_low=True, null=True),
     "recipe.lr_per_256": number(0, open_low=True),
+    "recipe.lr": number(0, open_low=True, null=True),
     "recipe.end_lr": number(0),
     "recipe.schedule": choice("cosine"),  # nothing else is implemented; another value would be ignored
     "recipe.global_batch_size": POSITIVE_OR_NULL,

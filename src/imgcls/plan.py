@@ -83,14 +83,16 @@ def fit_per_device(per_device: int, global_batch: int, world_size: int) -> int:
 
 
 def make_plan(
-    *, per_device_batch: int, global_batch: int, world_size: int, lr_per_256: float, weight_decay: float
+    *, per_device_batch: int, global_batch: int, world_size: int, lr_per_256: float, weight_decay: float,
+    lr: float | None = None,
 ) -> RunPlan:
+    """lr: an absolute peak LR (`recipe.lr`, NVIDIA's --lr) instead of lr_per_256 scaled to the global batch."""
     return RunPlan(
         per_device_batch=per_device_batch,
         global_batch=global_batch,
         world_size=world_size,
         accumulation=accumulation_steps(global_batch, per_device_batch, world_size),
-        lr=scaled_lr(lr_per_256, global_batch),
+        lr=float(lr) if lr is not None else scaled_lr(lr_per_256, global_batch),
         weight_decay=weight_decay,
     )
 
@@ -153,6 +155,7 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
         world_size=world_size,
         lr_per_256=float(cfg.recipe.lr_per_256),
         weight_decay=float(weight_decay),
+        lr=cfg.recipe.get("lr"),
     )
 
 

@@ -26,14 +26,21 @@ def build_network(cfg: Any, num_classes: int) -> nn.Module:
     return net
 
 
+# NVIDIA's legacy `main.py --model-config/-c` names for the conv init (resnet.py resnet_configs before commit
+# f217ab11): classic and grp-fanout initialise with fan_out, fanin and grp-fanin with fan_in.
+CONV_INIT_ALIASES = {"classic": "fan_out", "fanin": "fan_in", "grp-fanin": "fan_in", "grp-fanout": "fan_out"}
+CONV_INITS = ("fan_in", "fan_out", *CONV_INIT_ALIASES)
+
+
 def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bool = False) -> None:
     """Kaiming-normal convs (NVIDIA IC/models/common.py LayerBuilder.conv), BN gamma 1 / beta 0.
 
     Linear layers keep PyTorch's default init, as in NVIDIA's code. timm zero-inits the last BN of
     each residual block by default; NVIDIA does not (--last_bn_0_init False), so it is opt-in here.
     """
-    if conv_init not in ("fan_in", "fan_out"):
-        raise ConfigError(f"model.conv_init={conv_init} is not allowed; use fan_in or fan_out")
+    if conv_init not in CONV_INITS:
+        raise ConfigError(f"model.conv_init={conv_init} is not allowed; use {', '.join(CONV_INITS)}")
+    conv_init = CONV_INIT_ALIASES.get(conv_init, conv_init)
     for module in net.modules():
         if isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
