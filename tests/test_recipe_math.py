@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from imgcls.module import _ns
 from imgcls.optimizer import build_optimizer, parameter_groups
 from imgcls.plan import accumulation_steps, fit_per_device, make_plan
 from imgcls.scheduler import build_scheduler, scaled_lr, warmup_steps
+from imgcls.train import run
+from tests.conftest import compose_config, read_report, tiny_overrides
 
 
 @pytest.mark.parametrize(
@@ -149,3 +152,18 @@ def test_an_absolute_lr_overrides_the_per_256_rule() -> None:
     # NVIDIA's --lr 2.048 with --optimizer-batch-size 2048: recipe.lr, reported in the plan as is.
     plan = make_plan(per_device_batch=256, global_batch=2048, world_size=8, lr_per_256=0.256, weight_decay=0, lr=1.5)
     assert plan.lr == 1.5
+
+
+@pytest.mark.parametrize("schedule", ["step", "linear"])
+def test_training_follows_the_configured_schedule(schedule: str, image_folder: Path, tmp_path: Path) -> None:
+    """recipe.schedule reaches the real training loop: 3 epochs of 6 steps at batch 8 (LR 0.008), no warmup;
+    step decays x0.1 at epoch 1 and 2, linear ends each epoch at base x (1 - steps done / 18)."""
+    overrides = tiny_overrides(image_folder, f"recipe.schedule={schedule}", "recipe.lr_milestones=[1,2]",
+                               "recipe.epochs=3", "recipe.warmup_epochs=0")  # fmt: skip
+    run(compose_config(overrides, run_dir=tmp_path))
+    lrs = [row["train.lr"] for row in read_report(tmp_path)["epochs"]]
+    base = 0.256 * 8 / 256
+    if schedule == "step":  # the LR after each epoch's last step, i.e. the next epoch's first LR
+        assert lrs == pytest.approx([base * 0.1, base * 0.01, base * 0.01])
+    else:
+        assert lrs == pytest.approx([base * (1 - 6 / 18), base * (1 - 12 / 18), 0.0], abs=1e-12)

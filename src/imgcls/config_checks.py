@@ -25,6 +25,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from imgcls.errors import ConfigError
 from imgcls.models.factory import CONV_INITS
+from imgcls.scheduler import SCHEDULES
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,19 @@ def anything(v: Any) -> str | None:  # checked where it is used (see the module 
     return None
 
 
-def numbers(length: int, low: float, high: float | None = None, ordered: bool = False, open_low: bool = False) -> Check:
+def numbers(
+    length: int | None, low: float, high: float | None = None, ordered: bool = False, open_low: bool = False
+) -> Check:
+    """A list of `length` numbers (None: any length) in a range."""
     item = number(low, high, open_low=open_low)
-    what = f"a list of {length} numbers, each {item(None).removeprefix('a ')}"  # item(None) is its own text
+    count = f"{length} " if length is not None else ""
+    what = f"a list of {count}numbers, each {item(None).removeprefix('a ')}"  # item(None) is its own text
     what += ", in increasing order" if ordered else ""
 
     def check(v: Any) -> str | None:
-        if not isinstance(v, (list, tuple, ListConfig)) or len(v) != length or any(item(x) for x in v):
+        if not isinstance(v, (list, tuple, ListConfig)) or length is not None and len(v) != length:
+            return what
+        if any(item(x) for x in v):
             return what
         return None if not ordered or list(v) == sorted(v) else what
 
@@ -198,7 +205,8 @@ TRAIN: dict[str, Check] = {
     "recipe.lr_per_256": number(0, open_low=True),
     "recipe.lr": number(0, open_low=True, null=True),
     "recipe.end_lr": number(0),
-    "recipe.schedule": choice("cosine"),  # nothing else is implemented; another value would be ignored
+    "recipe.schedule": choice(*SCHEDULES),
+    "recipe.lr_milestones": numbers(None, 0, ordered=True),
     "recipe.global_batch_size": POSITIVE_OR_NULL,
     "recipe.weight_decay": number(0, null=True),
     "recipe.norm_bias_weight_decay": boolean,
