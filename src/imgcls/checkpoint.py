@@ -4,6 +4,7 @@ checkpoint a run may resume from.
 - RUN_DIR/checkpoints/last.ckpt: every epoch (optionally every K steps), and at the final step of a run cut
   short inside an epoch; `ckpt_path=last` resumes from it.
 - RUN_DIR/checkpoints/best.ckpt: the best val top-1.
+- RUN_DIR/checkpoints/epoch_NNNN.ckpt: with callbacks.checkpoint.keep_epochs=N, the newest N epochs (-1: all).
 - Every save is atomic and fsynced (storage.write_atomic), so a kill never leaves a truncated last.ckpt.
 """
 
@@ -23,6 +24,7 @@ from imgcls.models.weights import safe_torch_load, why_unreadable
 from imgcls.storage import write_atomic
 
 CHECKPOINT_DIR = "checkpoints"
+EPOCH_FILENAME = "epoch_{epoch:04d}"  # callbacks.checkpoint.keep_epochs: epoch_0000.ckpt is the first epoch's
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -48,10 +50,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def _checkpoint(dirpath: Path, filename: str, kind: type[ModelCheckpoint] = ModelCheckpoint, **kwargs: Any) -> Any:
+    kwargs.setdefault("save_top_k", 1)
     return kind(
         dirpath=dirpath,
         filename=filename,
-        save_top_k=1,
         enable_version_counter=False,  # overwrite last.ckpt / best.ckpt in place (atomically)
         auto_insert_metric_name=False,
         # After the whole epoch, validation included: a checkpoint taken at validation end makes
@@ -113,6 +115,9 @@ def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) ->
     if cfg.get("every_n_train_steps"):
         steps = int(cfg.every_n_train_steps)
         callbacks.append(_checkpoint(last.parent, last.stem, StepCheckpoint, every_n_train_steps=steps))
+    if cfg.get("keep_epochs"):  # NVIDIA --gather-checkpoints: a file per epoch, the newest N (-1: all)
+        keep = int(cfg.keep_epochs)
+        callbacks.append(_checkpoint(last.parent, EPOCH_FILENAME, monitor="epoch", mode="max", save_top_k=keep))
     return callbacks
 
 

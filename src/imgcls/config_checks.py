@@ -271,6 +271,8 @@ TRAIN: dict[str, Check] = {
     "callbacks.checkpoint.monitor": anything,
     "callbacks.checkpoint.every_n_train_steps": POSITIVE_OR_NULL,
     "callbacks.checkpoint.every_n_epochs": POSITIVE_OR_NULL,
+    "callbacks.checkpoint.keep_epochs": integer(0, null=True, also=(-1,)),
+    "callbacks.early_stopping_patience": POSITIVE_OR_NULL,
     "callbacks.progress_bar": anything,
     "callbacks.lr_monitor": boolean,
     # trainer (any other key a user adds goes to lightning.Trainer as is)

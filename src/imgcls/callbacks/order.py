@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
@@ -28,6 +28,7 @@ def training_callbacks(cfg: DictConfig, run_dir: Path, classes: list[str]) -> tu
     """Every callback of a training run, in order, and the report (the run's summary comes from it)."""
     report = ReportCallback(run_dir)
     last = last_path(run_dir)
+    validates = cfg.trainer.get("limit_val_batches") != 0  # 0: NVIDIA --training-only
     overflows = int(cfg.precision.get("max_consecutive_overflows", 10))
     callbacks: list[L.Callback] = [
         BadImageReport(report),  # before the report: its rows carry the count of skipped files
@@ -36,9 +37,16 @@ def training_callbacks(cfg: DictConfig, run_dir: Path, classes: list[str]) -> tu
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
         Preemption(last, slurm_requeue=SLURMEnvironment.detect()),  # saves last.ckpt at a step boundary
-        *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir),  # after the report: rows in the ckpt
+        *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir, validates),  # after the report: rows in ckpt
         *wandb_media_callbacks(cfg, classes),  # sample images, per-class accuracy (W&B only)
     ]
+    patience = cfg.callbacks.get("early_stopping_patience")
+    if patience:  # NVIDIA --early-stopping-patience: epochs without a better val top-1
+        if not validates:
+            raise ConfigError(
+                f"callbacks.early_stopping_patience={patience} needs validation (trainer.limit_val_batches=0 skips it)"
+            )
+        callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=int(patience)))
     bar = progress_bar(cfg.callbacks.get("progress_bar"))
     if bar is not None:
         callbacks.append(bar)
