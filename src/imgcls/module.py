@@ -153,7 +153,8 @@ class ClassificationModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         groups = parameter_groups(self.net, self.plan["weight_decay"], bool(self.recipe.norm_bias_weight_decay))
-        optimizer = build_optimizer(groups, self.recipe, self.plan["lr"])
+        clipping = bool(self.trainer.gradient_clip_val)  # Lightning refuses fused optimizers with clipping
+        optimizer = build_optimizer(groups, self.recipe, self.plan["lr"], fused=not clipping)
         scheduler = recipe_scheduler(optimizer, self.trainer, self.recipe)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -24,10 +24,16 @@ def parameter_groups(net: nn.Module, weight_decay: float, norm_bias_weight_decay
     return param_groups_weight_decay(net, weight_decay=weight_decay)
 
 
-def build_optimizer(groups: list[dict], recipe: Any, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = True) -> torch.optim.Optimizer:
+    """fused=False when gradients are clipped: a fused optimizer unscales inside its step, after clipping."""
     name = recipe.optimizer
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=float(recipe.momentum), nesterov=bool(recipe.nesterov))
+        # fused: one kernel per step, and under fp16 loss scaling no host sync per step: GradScaler hands the
+        # kernel its found-inf flag (the kernel skips the update itself) instead of reading it with .item()
+        # to decide on the host (torch.amp.GradScaler.step, `_step_supports_amp_scaling`).
+        return torch.optim.SGD(
+            groups, lr=lr, momentum=float(recipe.momentum), nesterov=bool(recipe.nesterov), fused=fused
+        )
     if name == "rmsprop":
         return torch.optim.RMSprop(
             groups,
