@@ -103,6 +103,21 @@ def test_one_overflow_is_skipped_counted_and_training_goes_on(
     assert summary["train.amp_skipped_steps"] == 1 and report["epochs"][-1]["step"] == 9
 
 
+def test_static_loss_scale_stays_put_and_still_skips_an_overflow(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TF1's --static_loss_scale 128 (precision.loss_scale.dynamic=false): the scale never halves or grows, the
+    overflowing step is skipped and counted all the same."""
+    seen: dict[str, Any] = {}
+    inject(monkeypatch, "overflow", {2}, seen)
+    overrides = amp_overrides(data, "recipe.epochs=3", "precision.loss_scale.dynamic=false",
+                              "precision.loss_scale.growth_interval=2")  # fmt: skip
+    summary = run(compose_config(overrides, run_dir=tmp_path))
+    assert set(seen["scale"].values()) == {128.0}
+    assert all(torch.equal(a, b) for a, b in zip(seen["weights"][2], seen["weights"][3], strict=True))
+    assert summary["train.amp_skipped_steps"] == 1
+
+
 @pytest.mark.parametrize("fault", ["nan", "overflow"])
 def test_persistent_overflow_stops_with_exit_3_and_the_unscaled_loss(
     fault: str, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture

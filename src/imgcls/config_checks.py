@@ -178,6 +178,7 @@ TRAIN: dict[str, Check] = {
     "precision.cpu_fp16": boolean,  # amp only: real fp16 on a CPU instead of the bf16 fallback
     "precision.max_consecutive_overflows": POSITIVE,
     "precision.loss_scale": anything,  # null or the GradScaler settings below
+    "precision.loss_scale.dynamic": boolean,
     "precision.loss_scale.init_scale": number(0, open_low=True),
     "precision.loss_scale.growth_factor": number(1, open_low=True),
     "precision.loss_scale.backoff_factor": number(0, 1, open_low=True, open_high=True),

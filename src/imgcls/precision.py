@@ -43,8 +43,27 @@ def resolve_precision(cfg: Any, accelerator: str) -> tuple[str | None, list[Any]
     return name, []
 
 
+class StaticGradScaler(torch.amp.GradScaler):
+    """A loss scale that never changes: TF1's `--static_loss_scale` (FixedLossScale). Unlike TF1's, a step whose
+    gradients overflow is still skipped. torch's GradScaler refuses growth_factor = backoff_factor = 1, so
+    update() puts the scale back instead; `overflowed` (a device tensor, no host sync) tells FiniteLoss whether
+    the last step was skipped, since the scale itself no longer shows it."""
+
+    overflowed: torch.Tensor | None = None
+
+    def update(self, new_scale: Any = None) -> None:
+        if self._enabled and self._scale is not None:
+            found = [f for s in self._per_optimizer_states.values() for f in s["found_inf_per_device"].values()]
+            if found:
+                self.overflowed = torch.stack([f.to(self._scale.device) for f in found]).sum() > 0
+        super().update(self._init_scale if new_scale is None else new_scale)
+
+
 def grad_scaler(scale: Any, device: str) -> torch.amp.GradScaler:
-    """NVIDIA's dynamic loss scaler (IC/training.py): the recipes' "static" 128 is its initial value."""
+    """NVIDIA's dynamic loss scaler (IC/training.py): the PyTorch recipes' "static" 128 is its initial value.
+    `dynamic: false` keeps it fixed (the TF1 recipes' static loss scale)."""
+    if scale.get("dynamic", True) is False:
+        return StaticGradScaler(device, init_scale=float(scale.init_scale))
     return torch.amp.GradScaler(
         device,
         init_scale=float(scale.init_scale),

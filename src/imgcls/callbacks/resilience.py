@@ -269,7 +269,10 @@ class FiniteLoss(L.Callback):
         if trainer.global_step == self._batch_step:
             return  # inside an accumulation window
         if scaler is not None and self._scale_before is not None:
-            skipped = (scaler._scale < self._scale_before).to(torch.int64)  # noqa: SLF001 - halved = skipped
+            overflowed = getattr(scaler, "overflowed", None)  # a static scale (precision.py StaticGradScaler)
+            if overflowed is None:
+                overflowed = scaler._scale < self._scale_before  # noqa: SLF001 - a dynamic scale halves on a skip
+            skipped = overflowed.to(torch.int64)
             d["skipped"] = d["skipped"] + skipped
             d["run"] = (d["run"] + 1) * skipped
             d["max_run"] = torch.maximum(d["max_run"], d["run"])
