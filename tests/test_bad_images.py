@@ -14,7 +14,8 @@ from PIL import Image
 
 from imgcls.cli import guarded
 from imgcls.data.backends import make_backend
-from imgcls.data.images import BadImage, load_rgb, scan_file
+from imgcls.data.bad_images import BadImage, scan_file
+from imgcls.data.images import load_rgb
 from imgcls.train import run
 from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
 
@@ -81,7 +82,7 @@ def test_dali_prescan_flags_what_dali_cannot_decode(kinds: Path) -> None:
 
 def test_fast_jpeg_check_agrees_with_pil(kinds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """scan_bytes passes a plain JPEG without PIL; its verdicts must be those of the PIL path alone."""
-    from imgcls.data import images
+    from imgcls.data import bad_images as images
 
     rgb = Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 48, 3), dtype=np.uint8))
     buffer = io.BytesIO()

@@ -166,7 +166,8 @@ def test_train_mode_benchmark_runs_the_callbacks_of_a_real_run(
 
     monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
     monkeypatch.setattr(imgcls.bench.training, "build_trainer", build_trainer)
-    overrides = tiny_overrides(image_folder, "recipe.epochs=1", "trainer.max_steps=2")
+    # No validation in either (a benchmark has none): otherwise best.ckpt's callback differs, and rightly.
+    overrides = tiny_overrides(image_folder, "recipe.epochs=1", "trainer.max_steps=2", "trainer.limit_val_batches=0")
     run_train(compose_config(overrides, run_dir=tmp_path / "train"))
     bench = ["mode=benchmark", "benchmark.warmup=1", "benchmark.iterations=2"]
     run_train(compose_config([*overrides, *bench], run_dir=tmp_path / "bench"))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import imgcls.train
-from imgcls.callbacks.resilience import SYNC_EVERY_N_STEPS
+from imgcls.distributed import SYNC_EVERY_N_STEPS
 from imgcls.timing import StepTimer
 from tests.conftest import compose_config, tiny_overrides
 

@@ -20,11 +20,14 @@ pytest.importorskip("nvidia.dali")
 
 
 def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every structural check of a file, before training (images.scan_file) or as DALI reads it."""
-    from imgcls.data import dali_pipelines, images
+    """Every structural check of a file, before training (bad_images.scan_file) or as DALI reads it."""
+    from imgcls.data import bad_images, dali, dali_pipelines
 
     calls: list[str] = []
-    for module, name in ((images, "scan_file"), (images, "scan_bytes"), (dali_pipelines, "scan_bytes")):
+    checks = (
+        (bad_images, "scan_file"), (bad_images, "scan_bytes"), (dali, "scan_file"), (dali_pipelines, "scan_bytes")
+    )  # fmt: skip
+    for module, name in checks:
         real = getattr(module, name, None)
         if real is not None:
             def counting(data: object, *args: object, _real=real, _name=name, **kwargs: object) -> object:

@@ -100,7 +100,7 @@ class ClassificationModule(L.LightningModule):
         skipped bad file breaks. An odd batch drops its last sample rather than being refilled (the module
         does not own the loader) or skipped (a rank without a backward pass would stall DDP's all-reduce).
         One sample cannot be mixed: it trains on its smoothed label alone. Both are counted for report.json
-        (callbacks/resilience.py BadImageReport)."""
+        (data/bad_images.py BadImageReport)."""
         if len(labels) == 1:
             self.mixup_unmixed_batches += 1
             mixup = self.mixup
@@ -110,6 +110,13 @@ class ClassificationModule(L.LightningModule):
             images, labels = images[:-1], labels[:-1]
         images, targets = self.mixup(images, labels)
         return images, labels, targets
+
+    def mixup_counts(self) -> dict[str, int]:
+        """Samples _mix dropped and batches it left unmixed in this process (data/bad_images.BadImageReport)."""
+        return {
+            "mixup_dropped_samples": self.mixup_dropped_samples,
+            "mixup_unmixed_batches": self.mixup_unmixed_batches,
+        }
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Lightning increments global_step only on real optimizer steps: update EMA then, not on

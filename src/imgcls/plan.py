@@ -164,8 +164,8 @@ def train_images(data_cfg: Any) -> tuple[int | None, str]:
     count), else the files of data.root/train when that folder exists (a listing; no image is opened)."""
     if data_cfg.get("train_images"):
         return int(data_cfg.train_images), "data.train_images"
-    if data_cfg.get("backend") == "synthetic" and data_cfg.get("num_samples"):
-        return int(data_cfg.num_samples), "data.num_samples"
+    if data_cfg.get("backend") == "synthetic":
+        return int(data_cfg.get("train_samples") or 1024), "data.train_samples"
     root = data_cfg.get("root")
     train = Path(str(root)) / "train" if root not in (None, "???") else None
     if train is None or not train.is_dir():

@@ -12,6 +12,11 @@
    the rank that reads it, or where a resumed epoch restarted. That is what makes a mid-epoch resume
    bitwise exact with worker processes too (a worker's RNG state cannot be saved in a checkpoint).
 
+4. `dali_pipeline_seed(seed, rank)`: each rank's DALI pipeline seed.
+5. `RNGState`: the global RNG states (torch, CUDA, numpy, python) of every rank travel in the checkpoint, so a
+   resumed run draws the same augmentations and mixup lambdas as an uninterrupted one. Hand-written: Lightning
+   2.6 restores model, optimizer, schedulers, loops and stateful loaders, but not RNG states.
+
 RankSeed runs in `setup`, i.e. before Lightning restores a checkpoint: RNG state saved in a checkpoint
 (resume) is restored afterwards and wins.
 """
@@ -22,10 +27,14 @@ import logging
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+
+from imgcls.distributed import gather_objects
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +91,39 @@ def seeded(seed: int) -> Iterator[None]:
             random.setstate(saved[0])
             np.random.set_state(saved[1])
             torch.set_rng_state(saved[2])
+
+
+def dali_pipeline_seed(seed: int, rank: int) -> int:
+    # Distinct per rank (unlike NVIDIA's fixed 12 + device_id) and derived from the run seed.
+    return (int(seed) * 1000003 + 7919 * int(rank)) % (2**31 - 1)
+
+
+class RNGState(L.Callback):
+    def __init__(self) -> None:
+        self._loaded: list[dict[str, Any]] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        # Called on every rank while a checkpoint is assembled; rank 0 writes the gathered list.
+        states = _collect_rng_states(include_cuda=torch.cuda.is_available())
+        # Lightning loads checkpoints with torch.load(weights_only=True), which refuses numpy arrays.
+        name, keys, pos, has_gauss, gauss = states["numpy"]
+        states["numpy"] = (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
+        return {"ranks": gather_objects(states)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loaded = list(state_dict.get("ranks") or [])
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Applied here, after everything the restore does, right before the first resumed batch.
+        if self._loaded:
+            if len(self._loaded) != trainer.world_size:
+                log.warning(
+                    "resuming %d ranks from %d: RNG streams differ from an uninterrupted run",
+                    trainer.world_size,
+                    len(self._loaded),
+                )
+            states = dict(self._loaded[trainer.global_rank % len(self._loaded)])
+            name, keys, pos, has_gauss, gauss = states["numpy"]
+            states["numpy"] = (name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
+            _set_rng_states(states)
+            self._loaded = None

@@ -51,7 +51,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         module.compile_network()
 
     # 6. Callbacks (their order and its reasons: callbacks/order.py) and loggers.
-    callbacks, report = training_callbacks(cfg, run_dir, datamodule.classes)
+    callbacks, report = training_callbacks(cfg, run_dir, datamodule)
     if resolved.get("expected"):  # NVIDIA's published result for this experiment, next to ours
         report.extra["expected"] = resolved["expected"]
     loggers = build_loggers(cfg.logger, run_dir)

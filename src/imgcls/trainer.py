@@ -53,7 +53,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
     if SLURMEnvironment.detect():
         # Ranks and world size from SLURM. Not Lightning's auto_requeue: its SIGUSR1 handler saves inside the
         # signal handler, where the checkpoint's collectives meet the other ranks at arbitrary points (a hang
-        # under DDP). Preemption saves at a step boundary on every rank, then requeues (resilience.py).
+        # under DDP). Preemption saves at a step boundary on every rank, then requeues (callbacks/preemption.py).
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return L.Trainer(
         **trainer_args,

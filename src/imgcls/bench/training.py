@@ -93,7 +93,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer.limit_val_batches = 0
         cfg.trainer.num_sanity_val_steps = 0
     timer = BenchmarkTimer(warmup, iterations)
-    callbacks, _ = training_callbacks(cfg, run_dir, datamodule.classes)
+    callbacks, _ = training_callbacks(cfg, run_dir, datamodule)
     trainer = build_trainer(cfg, plan, [*callbacks, timer], [])
     trainer.fit(module, datamodule=datamodule)
     if timer.timer.batches < iterations:

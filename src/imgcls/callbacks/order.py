@@ -16,29 +16,34 @@ from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar, TQDMProg
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
+from imgcls.callbacks.finite_loss import FiniteLoss
+from imgcls.callbacks.preemption import Preemption
 from imgcls.callbacks.report import ReportCallback
-from imgcls.callbacks.resilience import BadImageReport, FiniteLoss, Preemption, RNGState
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.checkpoint import checkpoint_callbacks, last_path
+from imgcls.data.bad_images import BadImageReport
+from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
-from imgcls.seeding import RankSeed
+from imgcls.seeding import RankSeed, RNGState
 
 
-def training_callbacks(cfg: DictConfig, run_dir: Path, classes: list[str]) -> tuple[list[L.Callback], ReportCallback]:
+def training_callbacks(
+    cfg: DictConfig, run_dir: Path, datamodule: ClassificationDataModule
+) -> tuple[list[L.Callback], ReportCallback]:
     """Every callback of a training run, in order, and the report (the run's summary comes from it)."""
     report = ReportCallback(run_dir)
     last = last_path(run_dir)
     validates = cfg.trainer.get("limit_val_batches") != 0  # 0: NVIDIA --training-only
     overflows = int(cfg.precision.get("max_consecutive_overflows", 10))
     callbacks: list[L.Callback] = [
-        BadImageReport(report),  # before the report: its rows carry the count of skipped files
+        BadImageReport(report, datamodule.bad_images),  # before the report: its rows carry the skipped files
         FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
         report,
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
         Preemption(last, slurm_requeue=SLURMEnvironment.detect()),  # saves last.ckpt at a step boundary
         *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir, validates),  # after the report: rows in ckpt
-        *wandb_media_callbacks(cfg, classes),  # sample images, per-class accuracy (W&B only)
+        *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
     ]
     patience = cfg.callbacks.get("early_stopping_patience")
     if patience:  # NVIDIA --early-stopping-patience: epochs without a better val top-1

@@ -14,8 +14,9 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from imgcls.data.augment import with_magnitude
+from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
-from imgcls.data.images import BadImageLog, CheckedImageFolder, collate_dropping_bad
+from imgcls.data.images import CheckedImageFolder
 from imgcls.data.samplers import ResumableDataLoader, ShardSampler
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform
@@ -70,6 +71,7 @@ class SyntheticBackend:
             raise ConfigError("data.num_classes must be set for the synthetic backend (e.g. 1000)")
         self.cfg = cfg
         self.classes = [str(i) for i in range(int(cfg.num_classes))]
+        self.bad_images = BadImageLog("skip")  # generated tensors: never a bad file, but the same interface
 
     def loader(self, split: str, batch_size: int, rank: int, world_size: int, seed: int, **_: Any) -> DataLoader:
         # Progressive resizing does not apply: synthetic images keep the model's size.

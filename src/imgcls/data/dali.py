@@ -42,16 +42,12 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, 
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from imgcls.data.augment import parse_randaugment
+from imgcls.data.bad_images import BadImageLog, BadSample, scan_file
 from imgcls.data.dali_host import HostResize, resize_on_host
 from imgcls.data.dali_pipelines import READER, interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
-from imgcls.data.images import BadImageLog, BadSample, scan_file
 from imgcls.errors import ConfigError, DataError
-
-
-def _pipeline_seed(seed: int, rank: int) -> int:
-    # Distinct per rank (unlike NVIDIA's fixed 12 + device_id) and derived from the run seed.
-    return (int(seed) * 1000003 + 7919 * int(rank)) % (2**31 - 1)
+from imgcls.seeding import dali_pipeline_seed
 
 
 class FileList:
@@ -209,7 +205,7 @@ class DaliBackend:
             "num_threads": max(1, int(cfg.num_workers)),
             # dali_cpu never touches CUDA (device_id=None), so it also runs on machines without a GPU.
             "device_id": torch.cuda.current_device() if self.gpu else None,
-            "seed": _pipeline_seed(seed, rank),
+            "seed": dali_pipeline_seed(seed, rank),
             "prefetch_queue_depth": max(1, int(cfg.prefetch_factor or 2)),
         }
         host_resize: HostResize | None = None

@@ -7,7 +7,7 @@ Differences from NVIDIA's PyTorch code, each on purpose:
 - the reader's "label" is the sample index; the loader maps it to the class (see dali.py), so the
   loader knows which files each rank read.
 - val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
-- every encoded file passes `checked` (images.scan_bytes) before the decoder: a bad file becomes a tiny
+- every encoded file passes `checked` (bad_images.scan_bytes) before the decoder: a bad file becomes a tiny
   placeholder image flagged in the extra "bad" output, which the loader drops and reports (dali.py), so one
   bad file among a million neither stops the pipeline nor needs a scan of every file before training.
 """
@@ -23,7 +23,7 @@ import nvidia.dali.math as dmath
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.auto_aug import auto_augment, rand_augment
 
-from imgcls.data.images import scan_bytes
+from imgcls.data.bad_images import scan_bytes
 from imgcls.errors import ConfigError
 
 READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
@@ -75,10 +75,10 @@ _GOOD, _BAD = np.zeros(1, np.uint8), np.ones(1, np.uint8)
 
 
 def check_encoded(batch: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(files, bad flags): each bad file (images.scan_bytes) replaced by PLACEHOLDER and flagged 1.
+    """(files, bad flags): each bad file (bad_images.scan_bytes) replaced by PLACEHOLDER and flagged 1.
 
     Module level, as fn.python_function requires under conditionals. Called once per batch; a plain JPEG
-    costs microseconds (images.scan_bytes), against milliseconds for its decode.
+    costs microseconds (bad_images.scan_bytes), against milliseconds for its decode.
     """
     files, flags = [], []
     for data in batch:

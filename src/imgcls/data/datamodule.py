@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 
 from imgcls.data.backends import make_backend
+from imgcls.data.bad_images import BadImageLog
 from imgcls.data.demo import ensure_demo_dataset
 from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
 
@@ -40,6 +41,11 @@ class ClassificationDataModule(L.LightningDataModule):
     @property
     def classes(self) -> list[str]:
         return list(self.backend.classes)
+
+    @property
+    def bad_images(self) -> BadImageLog:
+        """This process's record of skipped files (every backend keeps one; data/bad_images.py)."""
+        return self.backend.bad_images
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer

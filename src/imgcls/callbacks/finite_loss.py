@@ -1,0 +1,197 @@
+"""FiniteLoss: a NaN/Inf loss stops the run without a host sync per step, never letting it into a saved
+checkpoint, naming the step and the LR. With fp16 AMP the loss scaler's skipped steps are counted, and only
+a run of them stops the run."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from imgcls.callbacks.report import ReportCallback
+from imgcls.distributed import SYNC_EVERY_N_STEPS
+from imgcls.errors import TrainingError
+
+log = logging.getLogger(__name__)
+
+
+class FiniteLoss(L.Callback):
+    """Non-finite losses, found without a host sync per step, and never in a saved checkpoint.
+
+    Every micro-batch only queues device ops: the first non-finite loss (its step and value) is kept in
+    device tensors. The host reads them (one sync) every `every_n_steps` optimizer steps, before every
+    checkpoint save (on_save_checkpoint, on every rank, with a check that every floating weight and buffer
+    is finite), and at each epoch's end. So a NaN can reach the weights for at most `every_n_steps` steps,
+    and never a checkpoint: the save is refused and the run stops naming the step of the first bad loss.
+
+    fp16 AMP (a GradScaler): a step whose gradients overflow is skipped by the scaler, which halves its
+    scale. That is normal early in training, so it is counted (train.amp_skipped_steps in report.json), and
+    only `max_consecutive_overflows` skipped steps in a row stop the run, with the unscaled loss."""
+
+    def __init__(
+        self,
+        last_path: str | Path,
+        report: ReportCallback | None = None,
+        every_n_steps: int = SYNC_EVERY_N_STEPS,
+        max_consecutive_overflows: int = 10,
+    ) -> None:
+        self.last_path = Path(last_path)
+        self.report = report
+        self.every_n_steps = every_n_steps
+        self.max_consecutive_overflows = max_consecutive_overflows
+        self.skipped_steps = 0  # as of the last check
+        self._dev: dict[str, torch.Tensor] = {}
+        self._where: dict[int, tuple[int, int, float]] = {}  # step -> (epoch, batch, lr) since the last check
+        self._batch_step = 0
+        self._scale_before: torch.Tensor | None = None
+
+    @staticmethod
+    def _scaler(trainer: L.Trainer) -> Any:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
+    def _reset(self, device: torch.device) -> None:
+        def full(value: float, dtype: torch.dtype) -> torch.Tensor:
+            return torch.full((), value, dtype=dtype, device=device)
+
+        self._dev = {
+            "bad_step": full(-1, torch.int64),  # first step with a non-finite loss (-1: none)
+            "bad_loss": full(0.0, torch.float32),
+            "skipped": full(0, torch.int64),  # optimizer steps the scaler skipped
+            "run": full(0, torch.int64),  # ... in a row, now
+            "max_run": full(0, torch.int64),  # ... in a row, the longest since the last check
+            "last_loss": full(0.0, torch.float32),  # the unscaled loss of the last micro-batch (fp16)
+        }
+        self._where = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset(pl_module.device)
+        self._set_skipped(trainer, pl_module, 0)  # a resumed run's count, from its checkpoint
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_step = trainer.global_step
+        if self._batch_step not in self._where:
+            lr = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else math.nan
+            self._where[self._batch_step] = (trainer.current_epoch, batch_idx, lr)
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        scaler = self._scaler(trainer)
+        if scaler is not None and scaler._scale is not None:  # noqa: SLF001 - the device tensor get_scale() syncs on
+            self._scale_before = scaler._scale.detach().clone()  # noqa: SLF001
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._dev:
+            self._reset(pl_module.device)
+        d = self._dev
+        loss = outputs.get("loss_value", outputs.get("loss")) if isinstance(outputs, dict) else outputs
+        scaler = self._scaler(trainer)
+        if loss is not None:
+            loss = loss.detach().float().reshape(-1)[0].to(d["bad_loss"].device)
+            bad = ~torch.isfinite(loss)
+            if scaler is not None:
+                d["last_loss"] = loss  # a device tensor: the message reports it only when the run stops
+            else:
+                first = bad & (d["bad_step"] < 0)
+                d["bad_step"] = torch.where(first, self._batch_step, d["bad_step"])
+                d["bad_loss"] = torch.where(first, loss, d["bad_loss"])
+        if trainer.global_step == self._batch_step:
+            return  # inside an accumulation window
+        if scaler is not None and self._scale_before is not None:
+            overflowed = getattr(scaler, "overflowed", None)  # a static scale (precision.py StaticGradScaler)
+            if overflowed is None:
+                overflowed = scaler._scale < self._scale_before  # noqa: SLF001 - a dynamic scale halves on a skip
+            skipped = overflowed.to(torch.int64)
+            d["skipped"] = d["skipped"] + skipped
+            d["run"] = (d["run"] + 1) * skipped
+            d["max_run"] = torch.maximum(d["max_run"], d["run"])
+            self._scale_before = None
+        if trainer.global_step % self.every_n_steps == 0:
+            self.check(trainer, pl_module)
+
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule, weights: dict[str, Any] | None = None) -> None:
+        """The one host sync: read the device flags (and with `weights`, a state dict, that its floating tensors
+        are finite), agree over ranks, raise TrainingError if any rank saw a fault."""
+        if not self._dev:
+            return
+        d = self._dev
+        flags = [d["bad_step"].float(), d["bad_loss"], d["skipped"].float(), d["max_run"].float(), d["last_loss"]]
+        finite = torch.ones((), dtype=torch.bool, device=d["bad_loss"].device)
+        if weights is not None:
+            tensors = [t for t in weights.values() if torch.is_tensor(t) and t.is_floating_point()]
+            if tensors:
+                finite = torch.stack([torch.isfinite(t).all().to(finite.device) for t in tensors]).all()
+        bad_step, bad_loss, skipped, max_run, last_loss, ok = torch.stack([*flags, finite.float()]).tolist()
+        fault = bad_step >= 0 or max_run >= self.max_consecutive_overflows or not ok
+        # Any rank's fault stops every rank (the others would wait in the next collective).
+        if trainer.world_size > 1 and not trainer.strategy.reduce_boolean_decision(fault, all=False):
+            fault = False
+        self._set_skipped(trainer, pl_module, int(skipped))
+        d["skipped"].zero_()
+        d["max_run"].copy_(d["run"])
+        if not fault:
+            self._where = {s: w for s, w in self._where.items() if s >= trainer.global_step}
+            return
+        kept = f"the last good checkpoint is {self.last_path}" if self.last_path.exists() else "no checkpoint yet"
+        if bad_step >= 0:
+            step = int(bad_step)
+            epoch, batch, lr = self._where.get(step, (trainer.current_epoch, -1, math.nan))
+            raise TrainingError(
+                f"train.loss is {bad_loss} at step {step} (epoch {epoch}, batch {batch}) with lr {lr:.6g}; "
+                f"found at step {trainer.global_step}, nothing after step {step} was saved, {kept} (resume "
+                "with ckpt_path=last, e.g. with a lower recipe.lr_per_256)"
+            )
+        if max_run >= self.max_consecutive_overflows:
+            lr = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else math.nan
+            raise TrainingError(
+                f"fp16 gradients overflowed in {int(max_run)} optimizer steps in a row (precision."
+                f"max_consecutive_overflows={self.max_consecutive_overflows}) by step {trainer.global_step}, "
+                f"train.loss (unscaled) {last_loss}, lr {lr:.6g}; the loss scaler skipped them all, {kept} "
+                "(resume with ckpt_path=last, e.g. with a lower recipe.lr_per_256 or precision=fp32)"
+            )
+        raise TrainingError(
+            f"a weight or buffer of the model is not finite at step {trainer.global_step} (the loss was); "
+            f"not saved, {kept}"
+        )
+
+    def _set_skipped(self, trainer: L.Trainer, pl_module: L.LightningModule, new: int) -> None:
+        if self._scaler(trainer) is None:
+            return
+        if new:
+            log.info("AMP loss scaler skipped %d step(s) by step %d", new, trainer.global_step)
+        self.skipped_steps += new
+        if self.report is not None:
+            self.report.counters["train.amp_skipped_steps"] = self.skipped_steps
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Every rank runs this while a checkpoint is assembled, before rank 0 writes it.
+        self.check(trainer, pl_module, weights=checkpoint.get("state_dict") or pl_module.state_dict())
+        checkpoint.setdefault("callbacks", {})  # state_dict() below ran before this check: refresh the count
+        for key, state in checkpoint["callbacks"].items():
+            if key == self.state_key:
+                state["skipped_steps"] = self.skipped_steps
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer, pl_module)  # before ReportCallback's row (this callback comes first)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self.check(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer, pl_module)  # a run without checkpoints does not end "successfully" on NaN weights
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
