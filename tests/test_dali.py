@@ -14,7 +14,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from imgcls.data.backends import make_backend
-from imgcls.data.dali import FileList
+from imgcls.data.dali.file_list import FileList
 from imgcls.errors import ConfigError
 from tests.conftest import SHARED, compose_config, make_image_folder, read_report, run_cli, tiny_overrides
 
@@ -107,7 +107,7 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     """
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    from imgcls.data.dali_pipelines import READER, val_pipeline
+    from imgcls.data.dali.pipelines import READER, val_pipeline
     from imgcls.data.transforms import val_transform
 
     files = _photos(tmp_path_factory)
@@ -186,7 +186,7 @@ def test_host_resize_matches_dali_resize(tmp_path_factory: pytest.TempPathFactor
 
 
 def test_host_resize_choice() -> None:
-    from imgcls.data.dali_host import resize_on_host
+    from imgcls.data.dali.host_resize import resize_on_host
 
     assert resize_on_host("auto", gpu=False, augment=None, interpolation="bilinear", size=224)
     assert resize_on_host("auto", gpu=False, augment=None, interpolation="bilinear", size=128)
@@ -415,7 +415,7 @@ def _counting_resize(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None
     """Patch HostResize to record the thread of each finished resize (and to fail at call FAIL_AT)."""
     import threading
 
-    from imgcls.data.dali_host import HostResize
+    from imgcls.data.dali.host_resize import HostResize
 
     real, threads = HostResize.__call__, []
 

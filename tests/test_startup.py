@@ -21,7 +21,9 @@ pytest.importorskip("nvidia.dali")
 
 def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every structural check of a file, before training (bad_images.scan_file) or as DALI reads it."""
-    from imgcls.data import bad_images, dali, dali_pipelines
+    from imgcls.data import bad_images
+    from imgcls.data.dali import loader as dali
+    from imgcls.data.dali import pipelines as dali_pipelines
 
     calls: list[str] = []
     checks = (
@@ -60,7 +62,7 @@ def test_dali_start_opens_only_the_files_of_its_first_batches(
 
 def test_file_list_is_imagefolders(tmp_path: Path) -> None:
     """The compact file list walks the folders as torchvision's make_dataset: same files, order, classes."""
-    from imgcls.data.dali import FileList
+    from imgcls.data.dali.file_list import FileList
 
     root = make_image_folder(tmp_path / "data", classes=3, train_per_class=3, val_per_class=1)
     (root / "train" / "class_1" / "nested" / "deeper").mkdir(parents=True)

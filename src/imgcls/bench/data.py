@@ -20,7 +20,7 @@ Rows:
 - DALI ROI decode: `fn.decoders.image_random_crop` alone: what decoding only the crop window costs.
 - dali_cpu, DALI resize: this backend with data.dali_train_resize=dali (ROI decode, fn.resize, CMN).
 - dali_cpu: this backend as configured by default (ROI decode in DALI, resize/flip/normalize in torch:
-  data/dali_host.py, in a background thread that makes the next batch while the consumer works).
+  data/dali/host_resize.py, in a background thread that makes the next batch while the consumer works).
 - dali_cpu, resize in the step: the same with data.dali_host_prefetch=0 (the torch resize runs in the
   consumer's thread, when it asks for a batch).
 
@@ -29,7 +29,7 @@ sleep holds no core and no GIL, like a CUDA synchronisation). Then the table als
 batch and, for the dali_cpu rows, the time its torch resize took per batch: with the resize in a background
 thread a batch should take about max(resize, S, DALI's decode), without it about resize + S.
 
-The process runs with imgcls.data.dali_host.keep_freed_memory() (glibc keeps freed blocks) for every
+The process runs with imgcls.data.dali.malloc.keep_freed_memory() (glibc keeps freed blocks) for every
 row, since the dali_cpu backend sets it.
 
 Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
@@ -265,7 +265,7 @@ def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str, ro
 def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
     import torch
 
-    from imgcls.data.dali_host import keep_freed_memory
+    from imgcls.data.dali.malloc import keep_freed_memory
 
     keep_freed_memory()  # as the dali_cpu backend does; before any worker forks, so every row has it
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args["cores"]]))  # children inherit it

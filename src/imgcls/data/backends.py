@@ -108,7 +108,7 @@ def _dali(device: str) -> Callable[[Any], Any]:
 
     def build(cfg: Any) -> Any:
         try:
-            from imgcls.data.dali import DaliBackend
+            from imgcls.data.dali.backend import DaliBackend
         except ImportError as exc:
             raise ConfigError(
                 f"data.backend={cfg.backend} needs NVIDIA DALI, which does not import here ({exc}); "

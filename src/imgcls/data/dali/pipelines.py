@@ -96,7 +96,7 @@ def _read_shard(
     Train shuffles and pads instead of reading into the next epoch, so every epoch starts at the shard's
     beginning. Val is exact: no padding duplicates, each rank keeps its own shard every epoch, and the
     iterator's PARTIAL policy trims the samples read past the shard's end. `file_list` holds "path index"
-    lines (dali.FileList.write_list): the reader's label is the sample index. dont_use_mmap: a zero-byte
+    lines (file_list.FileList.write_list): the reader's label is the sample index. dont_use_mmap: a zero-byte
     file cannot be mapped, and the reader would stop the pipeline on it before the check sees it."""
     jpegs, index = fn.readers.file(
         file_list=file_list,
@@ -137,7 +137,7 @@ def train_pipeline(
 ) -> Any:
     """Outputs (images, index, bad[, crop shape]). host_resize: stop after the ROI decode and return
     (crops, index, bad, mirror[, crop shape]); the loader resizes, flips and normalizes in torch
-    (dali_host.py: DALI's CPU resize is slow)."""
+    (host_resize.py: DALI's CPU resize is slow)."""
     jpegs, index, bad = _read_shard(file_list, file_root, shard_id, num_shards, training=True)
     decoder_args: dict[str, Any] = {}
     if gpu:

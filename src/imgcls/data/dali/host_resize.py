@@ -1,38 +1,34 @@
 """dali_cpu's train resize on the host: DALI reads, shards, shuffles, ROI-decodes the random crop and
 draws the flips; torch resizes each uint8 crop to the training size, flips and normalizes.
 
-Why not `fn.resize`: on the CPU, DALI's resampler is the most expensive stage of the pipeline. On an
-ImageNet crop it takes 0.74 core-ms, 65% of what the ROI decode costs (2-core EPYC, imagenet-samples-500).
-torch's uint8 resize kernels (AVX2, channels_last) do the same bilinear resize in 0.28 ms. The whole
-pipeline went from 0.78x to 1.05x of a plain JPEG decode (docs/data-backends.md). Hand-written,
-because no library offers "DALI decode, torch resize". DALI's own ragged iterator still owns the epoch,
+Why not `fn.resize`: on the CPU, DALI's resampler is the most expensive stage of the pipeline, and torch's
+uint8 resize kernels (AVX2, channels_last) do the same bilinear resize in well under half its time
+(measured: docs/data-backends.md "Why dali_cpu resizes in torch"). Hand-written, because no library offers
+"DALI decode, torch resize". DALI's own ragged iterator still owns the epoch,
 shard and last-batch logic.
 
-The loader (dali.DaliLoader) calls HostResize in a background thread that makes batch N+1 while the
+The loader (loader.DaliLoader) calls HostResize in a background thread that makes batch N+1 while the
 training step runs on batch N (`data.dali_host_prefetch`, default 1; 0 resizes inside the step).
 
 `data.dali_train_resize` chooses: `auto`, `torch`, or `dali` (NVIDIA's pipeline). `auto` is torch on
 dali_cpu for train sizes of at least 128 px (every ImageNet recipe), unless a DALI AutoAugment/RandAugment
 policy or an interpolation torch lacks needs DALI's resize. Below 128 px torch's per-image Python
-overhead (~0.3 ms) outweighs the pixel work: on 32x32 CIFAR JPEGs DALI's resize ran 1.3-2x faster at
-32-96 px, torch's 1.3x faster at 224. dali_gpu always resizes on the GPU, where DALI's resize is fast.
+overhead outweighs the pixel work (measured on CIFAR, same docs section). dali_gpu always resizes on the
+GPU, where DALI's resize is fast.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
 
+from imgcls.data.dali.malloc import keep_freed_memory
 from imgcls.errors import ConfigError
 
 TORCH_MODES = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 AUTO_MIN_SIZE = 128  # auto: torch from this train size up (see above)
 
 
@@ -57,24 +53,6 @@ def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: s
     return not augment and interpolation in TORCH_MODES and size >= AUTO_MIN_SIZE
 
 
-@functools.cache  # once per process
-def keep_freed_memory() -> None:
-    """Stop glibc from unmapping freed blocks over 32 MiB.
-
-    A batch of 64x3x224x224 floats is 38.5 MB, over glibc's largest adaptive mmap threshold, so every
-    batch is a fresh mmap and page-faults in its memory again: 0.3 ms an image here, a third of the
-    pipeline. The same tuning as MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_, or what PyTorch's CPU
-    tuning guide gets from jemalloc/tcmalloc. A no-op off glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        mallopt = None
-    if mallopt is not None:
-        mallopt(_M_MMAP_THRESHOLD, 1 << 30)
-        mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-
-
 class HostResize:
     """Variable-size uint8 HWC crops -> one normalized (N, 3, size, size) batch."""
 
@@ -90,8 +68,8 @@ class HostResize:
         threads: int = 1,
     ) -> None:
         self.size = int(size)
-        # torch releases the GIL in its kernels, so threads resize in parallel. One thread would cap a
-        # process at about 2,500 img/s at 224 px: enough for 2 cores, not for the 16 cores a DGX gives a GPU.
+        # torch releases the GIL in its kernels, so threads resize in parallel. One thread would cap a process's
+        # rate: enough for 2 cores, not for the 16 cores a DGX gives a GPU (docs/data-backends.md).
         self.threads = max(1, int(threads))
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgcls-resize") if self.threads > 1 else None
         mode = TORCH_MODES[interpolation]
@@ -107,8 +85,8 @@ class HostResize:
             keep_freed_memory()
 
     def __call__(self, crops: Sequence[torch.Tensor], mirror: torch.Tensor) -> torch.Tensor:
-        """Always NCHW, also for channels_last models: torch's resize writes NCHW, a 3-channel transpose
-        costs 0.2 ms an image here, and the module converts on the device (free on a GPU)."""
+        """Always NCHW, also for channels_last models: torch's resize writes NCHW, a 3-channel transpose on the
+        host is not free, and the module converts on the device (free on a GPU)."""
         size = self.size
         batch = torch.empty((len(crops), 3, size, size), dtype=self.dtype, pin_memory=self.pin_memory)
         flips = mirror.reshape(-1).tolist()

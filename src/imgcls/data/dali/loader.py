@@ -1,0 +1,266 @@
+"""DaliLoader: one rank's epochs of DALI batches behind the loader interface Lightning expects (why it is
+hand-written: backend.py), with dali_cpu's torch resize made in a background thread."""
+
+from __future__ import annotations
+
+import functools
+import math
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
+
+from imgcls.data.bad_images import BadImageLog, BadSample, scan_file
+from imgcls.data.dali.file_list import FileList
+from imgcls.data.dali.host_resize import HostResize
+from imgcls.data.dali.pipelines import READER
+from imgcls.errors import DataError
+
+
+@dataclass
+class _Batch:
+    """One DALI batch, made ready in the producing thread; the policy and trace are applied by the consumer."""
+
+    read: list[int]  # the reader's sample indices, bad files included (data.trace_dir)
+    bad: torch.Tensor  # flagged sample indices (data.on_bad_image)
+    result: tuple[torch.Tensor, ...] | None  # what the loader yields; None: nothing (all bad, or empty)
+
+
+class _Worker:
+    """The one thread that makes every call into a DALI iterator fed to HostResize (construction, batches,
+    resets), so the iterator never changes threads; each call is a task, run in order.
+
+    A daemon thread: a loader that is never closed (an abandoned iterator blocked on its queue) must not
+    keep the process from exiting. The thread holds no reference to the loader between tasks, so a
+    dropped loader is collected and its finalizer ends the thread."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self.thread = threading.Thread(
+            target=_Worker._run, args=(self._tasks, self.device), name="imgcls-dali-host", daemon=True
+        )
+        self.thread.start()
+
+    @staticmethod
+    def _run(tasks: queue.SimpleQueue, device: int | None) -> None:
+        if device is not None:  # pinned batches and the caching host allocator follow the rank's device
+            torch.cuda.set_device(device)
+        while (task := tasks.get()) is not None:
+            call, future = task
+            del task  # no reference to the loader while waiting for the next task
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+                    future.set_exception(exc)
+            del call, future
+
+    def submit(self, call: Callable[[], Any]) -> Future:
+        future: Future = Future()
+        self._tasks.put((call, future))
+        return future
+
+    def call(self, call: Callable[[], Any]) -> Any:
+        return self.submit(call).result()
+
+    def close(self) -> None:
+        self._tasks.put(None)
+
+
+class DaliLoader:
+    """One rank's epochs of (images, labels); train drops the last partial batch, val keeps it.
+
+    With HostResize (dali_cpu's torch resize), batch N+1 is read from DALI and resized in a background
+    thread (_Worker) while the consumer trains on batch N: the resize runs on the host, so without this a
+    GPU would wait for it at every step. `prefetch` batches (default 1) wait in a bounded queue, plus the one
+    being made. Errors reach the consumer at the batch where they happened; the policy for bad files, the
+    trace and the epoch bookkeeping stay in the consumer, in order, so they are the same as without the
+    thread (prefetch=0: everything in the consumer's thread, as dali's own resize does)."""
+
+    def __init__(
+        self,
+        pipe: Any,
+        outputs: list[str],
+        files: FileList,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
+        trace: Path | None = None,
+        channels_last: bool = False,
+        host_resize: HostResize | None = None,
+        bad_images: BadImageLog | None = None,
+        prefetch: int = 1,
+    ) -> None:
+        self.channels_last = channels_last
+        self.host_resize = host_resize
+        self.files = files
+        self.targets = files.targets
+        self.bad_images = bad_images or BadImageLog("skip")
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.trace = trace
+        self.epoch = 0
+        total = len(files)
+        # The reader's shard of this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it.
+        self.shard_size = (rank + 1) * total // world_size - rank * total // world_size
+        if drop_last:
+            # DROP: every rank takes the same number of steps (DDP would hang otherwise), as DALI counts them.
+            self.length = (total // world_size) // batch_size
+        else:
+            self.length = math.ceil(self.shard_size / batch_size)
+        if self.length == 0:
+            raise DataError(f"{total} images over {world_size} rank(s) make no full batch of {batch_size}")
+        policy = LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL
+        self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
+        self._worker = _Worker() if self.prefetch else None
+        if self._worker is not None:
+            weakref.finalize(self, self._worker.close)
+        self._stop: threading.Event | None = None  # set to stop the running epoch's producer
+        if host_resize is None:
+            self._iterator = DALIGenericIterator(
+                pipe, outputs, reader_name=READER, last_batch_policy=policy, auto_reset=False
+            )
+        else:  # the crops differ in size: a list of tensors, resized by HostResize
+            types = [DALIRaggedIterator.SPARSE_LIST_TAG] + [DALIRaggedIterator.DENSE_TAG] * (len(outputs) - 1)
+            make = functools.partial(
+                DALIRaggedIterator, pipe, outputs, reader_name=READER, output_types=types,
+                last_batch_policy=policy, auto_reset=False,
+            )  # fmt: skip
+            # Built on the worker too: the iterator runs its first batch in its constructor.
+            self._iterator = self._worker.call(make) if self._worker is not None else make()
+        self._consumed = 0  # DALI batches taken in the current epoch
+        self.copy = not getattr(pipe, "exec_dynamic", False)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _finish_epoch(self) -> None:
+        # DALI cannot reset mid-epoch: run out the rest of an epoch that the consumer left early.
+        if self._consumed:
+            for _ in self._iterator:
+                pass
+            self._iterator.reset()
+            self._consumed = 0
+            self.epoch += 1
+
+    def _record_bad(self, indices: torch.Tensor) -> None:
+        """The policy for files the pipeline flagged; the reason is found again here (a bad file is rare)."""
+        paths = [self.files.path(i) for i in indices.tolist()]
+        self.bad_images.record([BadSample(p, scan_file(p) or "not decodable by DALI") for p in paths])
+
+    def _prepare(self, out: dict[str, Any]) -> _Batch:
+        """A DALI batch without its bad files, resized (HostResize) or laid out; no side effects."""
+        index = out["index"].reshape(-1).long().cpu()
+        read = index.tolist()
+        if index.numel() == 0:  # PARTIAL can end a short shard with an empty batch
+            return _Batch(read, index, None)
+        images, mirror = out["data"], out.get("mirror")
+        flags = out["bad"].reshape(-1).bool().cpu()
+        bad = index[flags]
+        if bad.numel():
+            keep = ~flags
+            index = index[keep]
+            if isinstance(images, list):  # the ragged crops of the torch resize
+                images = [image for image, k in zip(images, keep.tolist()) if k]
+                mirror = mirror[keep]
+            else:
+                images = images[keep]  # a new tensor: no buffer shared with DALI
+            out = {k: v[keep] if k == "crop_shape" else v for k, v in out.items()}
+            # As the torchvision backend: an empty batch is not yielded, nor in training one left
+            # with a single sample, which BatchNorm cannot normalize.
+            if len(index) < (2 if self.drop_last else 1):
+                return _Batch(read, bad, None)
+        if self.host_resize is not None:  # writes a new batch: no buffer shared with DALI
+            images = self.host_resize(images, mirror)
+        elif self.channels_last:  # NHWC from CMN -> an NCHW view with channels_last strides
+            images = images.permute(0, 3, 1, 2)
+        if self.copy and self.host_resize is None:  # the classic executor reuses its buffers (docstring)
+            images = images.clone()
+        result: tuple[torch.Tensor, ...] = (images, self.targets[index])
+        if "crop_shape" in out:
+            result = (*result, out["crop_shape"].clone())
+        return _Batch(read, bad, result)
+
+    def _epoch(self) -> Iterator[_Batch]:
+        """This epoch's batches, made in the consumer's thread."""
+        for batch in self._iterator:
+            self._consumed += 1
+            yield self._prepare(batch[0])
+        self._iterator.reset()
+        self._consumed = 0
+        self.epoch += 1
+
+    def _produce(self, ready: queue.Queue, stop: threading.Event) -> None:
+        """On the worker: this epoch's batches into READY, then ("end", None); an error as ("error", exc)."""
+
+        def put(item: tuple[str, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False  # the consumer left: the rest of the epoch is run out by the next _finish_epoch
+
+        try:
+            for batch in self._iterator:
+                self._consumed += 1
+                if not put(("batch", self._prepare(batch[0]))):
+                    return
+            self._iterator.reset()
+            self._consumed = 0
+            self.epoch += 1
+            put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
+            put(("error", exc))
+
+    def _background_epoch(self, worker: _Worker) -> Iterator[_Batch]:
+        """This epoch's batches, made by the worker up to `prefetch` + 1 ahead of the consumer."""
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = self._stop = threading.Event()
+        worker.submit(functools.partial(self._produce, ready, stop))
+        try:
+            while True:
+                kind, item = ready.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            stop.set()  # also when the consumer stops early or the iterator is dropped
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        worker = self._worker
+        if worker is not None:
+            if self._stop is not None:
+                self._stop.set()  # an earlier iterator's producer, left mid-epoch and not closed
+            worker.call(self._finish_epoch)  # after that producer has returned: one task at a time
+        else:
+            self._finish_epoch()
+        trace = None
+        if self.trace is not None:
+            self.trace.parent.mkdir(parents=True, exist_ok=True)
+            trace = open(f"{self.trace}_epoch{self.epoch}.txt", "w")  # noqa: SIM115 - closed below
+        try:
+            for batch in self._background_epoch(worker) if worker is not None else self._epoch():
+                if trace is not None:  # what the reader read, bad files included
+                    trace.write(" ".join(map(str, batch.read)) + "\n")
+                if batch.bad.numel():
+                    self._record_bad(batch.bad)
+                if batch.result is not None:
+                    yield batch.result
+        finally:
+            if self._stop is not None:  # the consumer raised (e.g. data.on_bad_image=error) or left early
+                self._stop.set()
+            if trace is not None:
+                trace.close()

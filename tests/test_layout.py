@@ -1,0 +1,99 @@
+"""The layout rules of issue 11: no import cycles (not even through function-level imports), and the README's
+layout section names every module that exists and no module that does not."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in (SRC / "imgcls").rglob("*.py"):
+        if "conf" in path.relative_to(SRC).parts:
+            continue
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every imgcls import of every module, wherever it appears (module level, function, if-block)."""
+    mods = modules()
+    graph: dict[str, set[str]] = {name: set() for name in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("imgcls"):
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            graph[name] |= {t for t in targets if t in mods and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_readme_layout_lists_every_module() -> None:
+    text = README.read_text()
+    block = text[text.index("## Project layout") :]
+    block = block[: block.index("```", block.index("```") + 3)]
+    listed: set[str] = set()
+    for line in block.splitlines():
+        entry = line.strip().split(" ")[0]
+        if entry.endswith(".py") and "/" in entry or entry.endswith(".py") and line.startswith("  "):
+            listed.add(entry.removesuffix(".py"))
+        elif entry.endswith("/") and line.startswith("  "):
+            listed.add(entry.rstrip("/"))
+    # A package listed as a whole (classify/, bench/) covers its modules.
+    actual = {str(p.relative_to(SRC / "imgcls").with_suffix("")) for p in modules().values()}
+    uncovered = {
+        m for m in actual
+        if not m.endswith("__init__") and m not in listed and not any(m.startswith(p + "/") for p in listed)
+    }  # fmt: skip
+    assert uncovered == set(), f"modules missing from README's layout: {sorted(uncovered)}"
+    stale = {m for m in listed if not (SRC / "imgcls" / f"{m}.py").exists() and not (SRC / "imgcls" / m).is_dir()}
+    assert stale == set(), f"README's layout names modules that do not exist: {sorted(stale)}"
+    assert re.search(r"train\.py, evaluate\.py", block)
