@@ -24,6 +24,7 @@ from imgcls.bench import inference as benchmark_inference
 from imgcls.bench import training as benchmark_training
 from imgcls.config import options
 from imgcls.errors import ConfigError, UserError
+from imgcls.log_setup import route_library_logs
 from imgcls.plan import world_size_of
 from imgcls.rundir import launch_overrides, task_name
 
@@ -150,6 +151,7 @@ def run_evaluate(cfg: DictConfig) -> Any:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _train(cfg: DictConfig) -> Any:
+    route_library_logs()
     refuse_in_process_ddp_sweep(cfg)
     summary = guarded(run_train, cfg)
     return (summary or {}).get("val.top1")
@@ -157,11 +159,13 @@ def _train(cfg: DictConfig) -> Any:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def _evaluate(cfg: DictConfig) -> Any:
+    route_library_logs()
     return guarded(run_evaluate, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="classify")
 def _classify(cfg: DictConfig) -> Any:
+    route_library_logs()
     result = guarded(classify.run, cfg)
     if result and result.get("failed"):
         sys.exit(1)  # some images could not be read; they were reported by name, the others classified
@@ -170,6 +174,7 @@ def _classify(cfg: DictConfig) -> Any:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export(cfg: DictConfig) -> Any:
+    route_library_logs()
     return guarded(export.run, cfg)
 
 

@@ -79,6 +79,13 @@ class ClassificationModule(L.LightningModule):
         validation only and stays eager."""
         self.net.compile()
 
+    def on_fit_start(self) -> None:
+        # timm keeps the EMA copy in eval mode; Lightning would warn that ~100 modules are in eval mode at the
+        # start of training. The copy only runs in validation, where Lightning puts every module in eval mode,
+        # and its update copies weights whatever the mode, so it follows the module's mode like the rest.
+        if self.ema is not None:
+            self.ema.module.train(self.training)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)

@@ -23,6 +23,7 @@ from imgcls.errors import DataError
 
 matplotlib.use("Agg")  # files only: no display on servers
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend choice
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 SOFTWARE = "imgcls.plot"  # the PNG text that marks a chart as ours (check_replaceable)
 
@@ -78,7 +79,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, (label, rows) in enumerate(runs):
             for key, style in series:
-                points = [(r["epoch"], r[key]) for r in rows if r.get(key) is not None]
+                points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]  # epochs from 1
                 if points:
                     xs, ys = zip(*points)
                     ax.plot(xs, ys, style, marker="o", markersize=3, color=colours[i % len(colours)],
@@ -86,6 +87,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         if name == "lr":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         ax.set(title=title, xlabel="epoch", ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers, even for 2 of them
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize="small")

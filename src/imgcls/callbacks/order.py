@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar, TQDMProg
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
+from imgcls.callbacks.epoch_log import EpochLog
 from imgcls.callbacks.finite_loss import FiniteLoss
 from imgcls.callbacks.preemption import Preemption
 from imgcls.callbacks.report import ReportCallback
@@ -39,6 +40,7 @@ def training_callbacks(
         BadImageReport(report, datamodule.bad_images),  # before the report: its rows carry the skipped files
         FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
         report,
+        EpochLog(report, run_dir, int(cfg.recipe.epochs)),  # after the report: logs the row it has just made
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
         Preemption(last, slurm_requeue=SLURMEnvironment.detect()),  # saves last.ckpt at a step boundary
