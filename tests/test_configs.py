@@ -1,7 +1,7 @@
 """Every config combination composes; the published recipes resolve to NVIDIA's numbers.
 
-The expected numbers are read from NVIDIA's recipe tables (../shared/reference/nvidia-convnets.md §2.2
-and §2.3, transcribed from PYT/configs.yml), so a typo in a config cannot land.
+The expected numbers are read from NVIDIA's recipe tables (docs/reference/nvidia-recipe-tables.md §2.2 and
+§2.3, transcribed from PYT/configs.yml), so a typo in a config cannot land.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from imgcls.config import options
 from imgcls.plan import resolve_plan
 from tests.conftest import ROOT, compose_config
 
-REFERENCE = ROOT.parent / "shared" / "reference" / "nvidia-convnets.md"
+REFERENCE = ROOT / "docs" / "reference" / "nvidia-recipe-tables.md"  # travels with the repository
 MODELS, PRECISIONS, HARDWARE, RECIPES = (options(g) for g in ("model", "precision", "hardware", "recipe"))
 
 PLATFORMS = {
@@ -44,8 +44,6 @@ def _split(cell: str) -> list[str]:
 
 def published_rows() -> list[dict]:
     """(model, hardware, precision) -> per-device batch, global batch, LR, WD, channels_last."""
-    if not REFERENCE.exists():
-        pytest.skip(f"NVIDIA reference table not found at {REFERENCE}")
     text = REFERENCE.read_text()
     rows = []
     for section, effnet in (("### 2.2 PyTorch ResNet family", False), ("### 2.3 PyTorch EfficientNet", True)):
@@ -88,7 +86,7 @@ def _recipe_for(model: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "row", published_rows() if REFERENCE.exists() else [], ids=lambda r: "-".join(map(str, list(r.values())[:3]))
+    "row", published_rows(), ids=lambda r: "-".join(map(str, list(r.values())[:3]))
 )
 def test_published_recipe_resolves_to_nvidia_numbers(row: dict) -> None:
     cfg = compose_config(

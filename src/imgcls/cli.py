@@ -29,8 +29,9 @@ from imgcls.plan import world_size_of
 from imgcls.rundir import launch_overrides, task_name
 
 GROUPS = (
-    "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment", "hparams_search"
-)
+    "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment",
+    "hparams_search", "debug",
+)  # fmt: skip
 log = logging.getLogger("imgcls")
 
 

@@ -99,8 +99,8 @@ class ResumableDataLoader(DataLoader):
         self._consumed = 0  # samples of the current epoch handed out, including a resumed skip
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        sampler: ShardSampler = self.sampler  # type: ignore[assignment]
-        self._consumed = sampler.pending_skip
+        # Lightning swaps in a SequentialSampler for trainer.overfit_batches: nothing to resume there.
+        self._consumed = getattr(self.sampler, "pending_skip", 0)
         for images, labels, bad in super().__iter__():
             self._consumed += self.batch_size or 0
             if bad and self.bad_images is not None:
@@ -111,7 +111,10 @@ class ResumableDataLoader(DataLoader):
                 yield images, labels
 
     def state_dict(self) -> dict[str, Any]:
-        return self.sampler.state_dict(self._consumed)  # type: ignore[attr-defined]
+        if not isinstance(self.sampler, ShardSampler):
+            return {}
+        return self.sampler.state_dict(self._consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state)  # type: ignore[attr-defined]
+        if isinstance(self.sampler, ShardSampler) and state:
+            self.sampler.load_state_dict(state)
