@@ -47,7 +47,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
             trainer_args["strategy"] = "ddp"
         if trainer_args.get("sync_batchnorm") and trainer_args["accelerator"] == "cpu":
             raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only)")
-    plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see checkpoint_io.py)
+    plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see storage.py)
     if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
         plugins.append(TimmSyncBatchNorm())
     if SLURMEnvironment.detect():
