@@ -145,7 +145,7 @@ def test_model_defaults(model: str, size: int, drop: float, drop_path: float) ->
 
 def test_every_combination_composes_and_plans() -> None:
     """model x precision x hardware x recipe: each group is composed by Hydra once, then every
-    combination is merged the way Hydra merges group nodes and planned (1,440 combinations)."""
+    combination is merged the way Hydra merges group nodes and planned (every one of them)."""
 
     def node(group: str, name: str) -> dict:
         return OmegaConf.to_container(compose_config([f"{group}={name}"])[group])  # unresolved
@@ -175,7 +175,7 @@ def test_every_combination_composes_and_plans() -> None:
         if (p, h) == (PRECISIONS[0], HARDWARE[0]) or m == "resnet50":
             OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
         count += 1
-    assert count == len(MODELS) * len(PRECISIONS) * len(HARDWARE) * len(RECIPES) == 15 * 4 * 6 * 4
+    assert count == len(MODELS) * len(PRECISIONS) * len(HARDWARE) * len(RECIPES) and len(MODELS) == 19
 
 
 def test_groups_offer_the_documented_options() -> None:
@@ -185,9 +185,13 @@ def test_groups_offer_the_documented_options() -> None:
         "resnet50",
         "resnet101",
         "resnet152",
+        "resnext50_32x4d",
         "resnext101_32x4d",
+        "resnext101_32x8d",
         "se_resnext101_32x4d",
         *(f"efficientnet_b{i}" for i in range(8)),
+        "efficientnet_widese_b0",
+        "efficientnet_widese_b4",
     }
     assert set(PRECISIONS) == {"amp", "bf16", "tf32", "fp32"}
     assert set(HARDWARE) == {"dgx1v", "dgx1v_32g", "dgx2v", "dgxa100", "t4", "cpu"}

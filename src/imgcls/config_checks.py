@@ -169,6 +169,8 @@ TRAIN: dict[str, Check] = {
     "model.batch_divisor": POSITIVE,
     "model.weights": anything,
     "model.channels_last": boolean,
+    "model.se_width": integer(1, null=True),  # SE-ResNe(X)t: null = C/16 (paper, TF1); 16 = NVIDIA PyTorch
+    "model.wide_se": boolean,  # EfficientNet: NVIDIA's widese SE (0.25 x the expanded channels)
     # precision
     "precision.name": anything,
     "precision.lightning": anything,

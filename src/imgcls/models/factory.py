@@ -8,6 +8,7 @@ import timm
 from torch import nn
 
 from imgcls.errors import ConfigError
+from imgcls.models.squeeze_excitation import se_kwargs
 from imgcls.models.weights import load_weights
 
 
@@ -18,6 +19,7 @@ def build_network(cfg: Any, num_classes: int) -> nn.Module:
     kwargs: dict[str, Any] = {"drop_rate": float(cfg.drop_rate)}
     if cfg.drop_path_rate:
         kwargs["drop_path_rate"] = float(cfg.drop_path_rate)
+    kwargs.update(se_kwargs(cfg.arch, cfg.get("se_width"), bool(cfg.get("wide_se"))))
     net = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
     init_nvidia(net, conv_init=cfg.conv_init, zero_init_last_bn=bool(cfg.zero_init_last_bn))
     set_batchnorm(net, momentum=cfg.get("bn_momentum"), eps=cfg.get("bn_eps"))
