@@ -117,7 +117,7 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     listing = tmp_path_factory.mktemp("list") / "files.txt"
     listing.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
     pipe = val_pipeline(
-        file_list=str(listing), file_root=None, shard_id=0, num_shards=1, size=224, crop_pct=0.875, gpu=False,
+        file_list=str(listing), file_root=None, shard_id=0, num_shards=1, size=224, resize=256, gpu=False,
         interpolation=interpolation, mean=list(cfg.mean), std=list(cfg.std),
         batch_size=8, num_threads=1, device_id=None,
     )  # fmt: skip

@@ -4,6 +4,7 @@ read alike (ckpt=, model=, precision=)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,10 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver(
             "imgcls.first", lambda *values: next((v for v in values if v is not None), None)
         )
+    if not OmegaConf.has_resolver("imgcls.product"):
+        # ${imgcls.product:a,b,c}: a x b x c, e.g. a TF experiment's global batch = per-GPU batch x GPUs x nodes
+        # (TF1/TF2 have no accumulation and scale the LR by GPUs x batch themselves).
+        OmegaConf.register_new_resolver("imgcls.product", lambda *values: math.prod(int(v) for v in values))
 
 
 register_resolvers()

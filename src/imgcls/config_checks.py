@@ -25,6 +25,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from imgcls.errors import ConfigError
 from imgcls.models.factory import CONV_INITS
+from imgcls.optimizer import OPTIMIZERS
 from imgcls.scheduler import SCHEDULES
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ TRAIN: dict[str, Check] = {
     "recipe.name": anything,
     "recipe.epochs": POSITIVE,
     "recipe.warmup_epochs": number(0),
-    "recipe.optimizer": anything,
+    "recipe.optimizer": choice(*OPTIMIZERS),
     "recipe.momentum": RATE,
     "recipe.nesterov": boolean,
     "recipe.rmsprop_alpha": number(0, 1, open_low=True, open_high=True, null=True),
@@ -219,6 +220,13 @@ TRAIN: dict[str, Check] = {
     "recipe.augment": anything,
     "recipe.interpolation": anything,
     "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
+    # stage-wise recipes (recipe/tf2_efficientnet_stagewise: TF2 --n_stages, --base_img_size, --base_randaug_mag),
+    # read through data.progressive
+    "recipe.stagewise": boolean,
+    "recipe.stages": POSITIVE,
+    "recipe.base_image_size": POSITIVE,
+    "recipe.base_randaug_magnitude": integer(0),
+    "recipe.randaugment": anything,  # a timm RandAugment string: data/augment.py parses it
     # data
     "data.name": anything,
     "data.root": anything,
@@ -232,6 +240,7 @@ TRAIN: dict[str, Check] = {
     "data.persistent_workers": boolean,
     "data.image_size": POSITIVE,
     "data.val_crop_pct": number(0, 1, open_low=True),
+    "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval: resize to image_size + N (PYT crop_padding 32)
     "data.train_crop_scale": numbers(2, 0, 1, ordered=True, open_low=True),
     "data.train_crop_ratio": numbers(2, 0, ordered=True, open_low=True),
     "data.hflip": number(0, 1),

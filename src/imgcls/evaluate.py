@@ -111,7 +111,7 @@ def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, 
         bool(cfg.use_ema),
         model_cfg=model_cfg,
         classes=ClassificationDataModule(OmegaConf.merge(data_cfg, data_overrides(cfg)), batch_size=1).classes,
-        preprocessing={k: data_cfg[k] for k in PREPROCESSING_KEYS},
+        preprocessing={k: data_cfg.get(k) for k in PREPROCESSING_KEYS},
         blob=blob,
     )
     data_cfg = OmegaConf.merge(data_cfg, trained.preprocessing, data_overrides(cfg))

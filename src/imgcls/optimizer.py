@@ -1,16 +1,17 @@
-"""The optimizer of the recipes (SGD, RMSprop) and its parameter groups (no weight decay on norms and biases)."""
+"""The optimizer of the recipes (SGD, RMSprop, TF's RMSprop) and its parameter groups (no weight decay on norms
+and biases)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from timm.optim import param_groups_weight_decay
+from timm.optim import RMSpropTF, param_groups_weight_decay
 from torch import nn
 
 from imgcls.errors import ConfigError
 
-OPTIMIZERS = ("sgd", "rmsprop")
+OPTIMIZERS = ("sgd", "rmsprop", "rmsprop_tf")
 
 
 def parameter_groups(net: nn.Module, weight_decay: float, norm_bias_weight_decay: bool = False) -> list[dict]:
@@ -36,6 +37,19 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
         )
     if name == "rmsprop":
         return torch.optim.RMSprop(
+            groups,
+            lr=lr,
+            alpha=float(recipe.rmsprop_alpha),
+            eps=float(recipe.rmsprop_eps),
+            momentum=float(recipe.momentum),
+        )
+    if name == "rmsprop_tf":
+        # NVIDIA's TF2 EfficientNet (--optimizer rmsprop: rho --decay 0.9, --momentum 0.9, --opt_epsilon 1e-3) runs
+        # TF's RMSProp kernel: epsilon inside the square root and the LR inside the momentum buffer. torch's
+        # RMSprop adds eps outside the root, so with eps=1e-3 the two differ by orders of magnitude on small
+        # gradients. timm's RMSpropTF is TF's update; it starts the square average at 1 (TF1's slot init;
+        # Keras' RMSprop slot starts at 0, a difference that only matters in the first, warmup, steps).
+        return RMSpropTF(
             groups,
             lr=lr,
             alpha=float(recipe.rmsprop_alpha),

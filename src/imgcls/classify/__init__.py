@@ -1,10 +1,11 @@
 """`python -m imgcls.classify ckpt=PATH images=[a.jpg,some/dir] [--json]`: top-5 classes per image.
 
-ckpt is a training checkpoint, a weights export or an ONNX export (`backend=onnx`, or any `.onnx` file).
-Images go through the val preprocessing the model was trained with (resize to size/crop_pct, e.g. 256,
-center crop to the model's size, normalize). Folders are read recursively and classified in batches.
-A file that cannot be decoded is reported by name and the others are still classified (exit code 1);
-when no image at all can be read it is one error line (exit code 2).
+ckpt is a training checkpoint, a weights export or an ONNX export (`backend=onnx`, or any `.onnx` file), or
+a plain state_dict (timm's, torchvision's, NVIDIA's NGC files) given `model=NAME`. Images go through the val
+preprocessing the model was trained with (resize to size/crop_pct, e.g. 256, center crop to the model's
+size, normalize); a plain state_dict gets the one imgcls trains `model=NAME` with. Folders are read
+recursively and classified in batches. A file that cannot be decoded is reported by name and the others are still
+classified (exit code 1); when no image at all can be read it is one error line (exit code 2).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from imgcls.config import required_ckpt
+from imgcls.config import compose_train, model_config, required_ckpt
 from imgcls.data.imagenet_classes import display_names
 from imgcls.data.transforms import val_transform
 from imgcls.errors import CheckpointError, ConfigError, DataError
-from imgcls.models.trained import load_trained
+from imgcls.models.trained import PREPROCESSING_KEYS, load_trained
 
 
 class Predictor:
@@ -40,14 +41,20 @@ class Predictor:
         return self.forward(images)
 
 
-def load_predictor(ckpt: str, backend: str = "auto", use_ema: bool = False) -> Predictor:
+def load_predictor(
+    ckpt: str, backend: str = "auto", use_ema: bool = False, model_cfg: dict[str, Any] | None = None
+) -> Predictor:
+    """model_cfg (`model=NAME`, resolved): what a plain state_dict holds; an imgcls file must agree with it."""
     if backend == "auto":
         backend = "onnx" if ckpt.lower().endswith(".onnx") else "torch"
     if backend == "onnx":
+        if model_cfg is not None:
+            raise ConfigError(f"model={model_cfg['name']} is for torch weights files; an ONNX export names its own")
         return _onnx_predictor(ckpt)
     if backend != "torch":
         raise ConfigError(f"backend={backend} is not allowed; use auto, torch or onnx")
-    trained = load_trained(ckpt, use_ema)
+    preprocessing = model_preprocessing(model_cfg["name"]) if model_cfg is not None else None
+    trained = load_trained(ckpt, use_ema, model_cfg=model_cfg, preprocessing=preprocessing)
     net = trained.net.float().eval()
 
     def forward(images: torch.Tensor) -> np.ndarray:
@@ -55,6 +62,13 @@ def load_predictor(ckpt: str, backend: str = "auto", use_ema: bool = False) -> P
             return net(images).float().numpy()
 
     return Predictor(forward, trained.classes, trained.preprocessing)
+
+
+def model_preprocessing(model_name: str) -> dict[str, Any]:
+    """The val preprocessing imgcls trains `model=NAME` with (its image size, crop, interpolation, mean and
+    std), for a plain state_dict, which carries none (as evaluate.py does for such files)."""
+    data = compose_train(["data=folder", f"model={model_name}"]).data
+    return {k: OmegaConf.select(data, k) for k in PREPROCESSING_KEYS}
 
 
 def _onnx_predictor(path: str) -> Predictor:
@@ -133,7 +147,7 @@ def classify(predictor: Predictor, paths: list[Path], batch_size: int = 32, topk
 def run(cfg: DictConfig) -> dict[str, Any]:
     ckpt = required_ckpt(cfg)
     paths = image_paths(cfg.get("images"))
-    predictor = load_predictor(ckpt, str(cfg.backend), bool(cfg.use_ema))
+    predictor = load_predictor(ckpt, str(cfg.backend), bool(cfg.use_ema), model_config(cfg))
     results = classify(predictor, paths, int(cfg.batch_size), int(cfg.topk))
     failed = [r for r in results if "error" in r]
     if len(failed) == len(results):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,12 +28,27 @@ def train_transform(cfg: Any, image_size: int | None = None) -> Callable:
     )
 
 
+def val_resize_size(cfg: Any, image_size: int) -> int:
+    """The shorter side val images are resized to before the centre crop, for every backend.
+
+    data.val_crop_padding=P: image_size + P, NVIDIA's protocol (PyTorch get_pytorch_val_loader and DALI
+    HybridValPipe crop_padding 32: 256 for 224, 412 for B4's 380; TF1 resizes to 256 for 224). Otherwise
+    timm's floor(image_size / data.val_crop_pct) (434 for 380 at 0.875)."""
+    padding = cfg.get("val_crop_padding")
+    if padding is not None:
+        return int(image_size) + int(padding)
+    return math.floor(int(image_size) / float(cfg.val_crop_pct))
+
+
 def val_transform(cfg: Any, image_size: int | None = None) -> Callable:
-    """Resize the shorter side to size / crop_pct (256 for 224), center crop, normalize."""
+    """Resize the shorter side to val_resize_size (256 for 224), center crop, normalize."""
+    size = int(image_size or cfg.image_size)
+    resize = val_resize_size(cfg, size)
     return create_transform(
-        image_size or cfg.image_size,
+        size,
         is_training=False,
-        crop_pct=float(cfg.val_crop_pct),
+        # timm resizes to floor(size / crop_pct); nudged up so float rounding cannot land one pixel short.
+        crop_pct=size / (resize + 1e-6),
         interpolation=cfg.interpolation,
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),

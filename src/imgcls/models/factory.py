@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import timm
+from timm.layers.weight_init import trunc_normal_tf_, variance_scaling_
 from torch import nn
 
 from imgcls.errors import ConfigError
@@ -31,7 +33,10 @@ def build_network(cfg: Any, num_classes: int) -> nn.Module:
 # NVIDIA's legacy `main.py --model-config/-c` names for the conv init (resnet.py resnet_configs before commit
 # f217ab11): classic and grp-fanout initialise with fan_out, fanin and grp-fanin with fan_in.
 CONV_INIT_ALIASES = {"classic": "fan_out", "fanin": "fan_in", "grp-fanin": "fan_in", "grp-fanout": "fan_out"}
-CONV_INITS = ("fan_in", "fan_out", *CONV_INIT_ALIASES)
+# TensorFlow's initializers, for the TF seeds' experiments: tf1 = TF1 ConvNets `--weight_init=fan_in` (every TF1
+# training script), tf2 = TF2 EfficientNet v1 (cfg weight_init fan_out); see init_tensorflow.
+TF_INITS = ("tf1", "tf2")
+CONV_INITS = ("fan_in", "fan_out", *CONV_INIT_ALIASES, *TF_INITS)
 
 
 def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bool = False) -> None:
@@ -44,7 +49,9 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
         raise ConfigError(f"model.conv_init={conv_init} is not allowed; use {', '.join(CONV_INITS)}")
     conv_init = CONV_INIT_ALIASES.get(conv_init, conv_init)
     for module in net.modules():
-        if isinstance(module, nn.Conv2d):
+        if conv_init in TF_INITS and isinstance(module, (nn.Conv2d, nn.Linear)):
+            init_tensorflow(module, conv_init)
+        elif isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -55,6 +62,30 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
         for module in net.modules():
             if hasattr(module, "zero_init_last") and module is not net:
                 module.zero_init_last()
+
+
+def init_tensorflow(module: nn.Conv2d | nn.Linear, scheme: str) -> None:
+    """TF's VarianceScaling initializers on one conv or dense layer (biases zero), through timm's helpers.
+
+    tf1: TF1 ConvNets `variance_scaling_initializer(scale=2.0, distribution='truncated_normal', mode=fan_in)` for
+    conv and dense kernels (TF1/model/resnet.py). tf2: TF2 EfficientNet v1 convs VarianceScaling(2.0, 'normal',
+    fan_out), dense VarianceScaling(1/3, 'uniform', fan_out) (TF2/model/blocks/conv2d_block.py,
+    efficientnet_model_v1.py). TF2's Keras maps 'normal' to 'truncated_normal': a normal cut at 2 stddev whose
+    stddev is divided by 0.8796 (the stddev of a unit normal truncated to [-2, 2]) so the variance stays
+    scale / fan. That truncated, corrected normal is what both schemes use here (timm's variance_scaling_).
+    """
+    weight = module.weight
+    if scheme == "tf1":
+        variance_scaling_(weight, scale=2.0, mode="fan_in", distribution="truncated_normal")
+    elif isinstance(module, nn.Conv2d):
+        # Keras counts a depthwise kernel's fan_out as kh x kw x depth multiplier; torch's fan_out would be
+        # kh x kw x channels. out x kh x kw / groups is Keras' count for plain, grouped and depthwise convs.
+        fan_out = module.out_channels * weight[0, 0].numel() // module.groups
+        trunc_normal_tf_(weight, std=math.sqrt(2.0 / fan_out) / 0.87962566103423978)
+    else:
+        variance_scaling_(weight, scale=1.0 / 3.0, mode="fan_out", distribution="uniform")
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)
 
 
 def set_batchnorm(net: nn.Module, momentum: float | None, eps: float | None) -> None:

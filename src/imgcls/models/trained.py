@@ -19,6 +19,7 @@ from imgcls.models.factory import build_network
 from imgcls.models.weights import (
     EXPORT_FORMAT,
     head_name,
+    in_network_layout,
     is_training_checkpoint,
     is_weights_export,
     load_state,
@@ -27,7 +28,7 @@ from imgcls.models.weights import (
 )
 
 # The data keys that make up the val preprocessing (what imgcls.data.transforms.val_transform reads).
-PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "interpolation", "mean", "std")
+PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "val_crop_padding", "interpolation", "mean", "std")
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TrainedModel:
 
 def preprocessing_of(data_cfg: Any) -> dict[str, Any]:
     data = OmegaConf.to_container(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
-    return {k: data[k] for k in PREPROCESSING_KEYS}
+    return {k: data.get(k) for k in PREPROCESSING_KEYS}  # get: checkpoints older than val_crop_padding lack it
 
 
 def _build(model_cfg: dict[str, Any], num_classes: int) -> nn.Module:
@@ -128,6 +129,7 @@ def load_trained(
     if use_ema:
         raise CheckpointError(f"{key}={path} is a plain state_dict: use_ema needs an imgcls checkpoint")
     probe = _build(model_cfg, 1)
+    _, state = in_network_layout(probe, state)  # NVIDIA's key layouts renamed to timm's (nvidia_weights.py)
     head_key = head_name(probe) + ".weight"
     if classes is None:
         if head_key not in state:  # not this architecture: the full list of what does not fit

@@ -1,11 +1,12 @@
-"""Weights files: read ours, timm's or torchvision's state_dicts and load them into a network.
+"""Weights files: read ours, timm's, torchvision's or NVIDIA's state_dicts and load them into a network.
 
 Three kinds of file hold a network:
 - an imgcls training checkpoint (Lightning .ckpt: `state_dict` with `net.*` / `ema.module.*` keys,
   `hyper_parameters` with the model, classes and run config);
 - an imgcls weights export (`python -m imgcls.export format=weights`, NVIDIA's checkpoint2model): a plain
   state_dict plus metadata (arch, model config, classes, preprocessing);
-- a foreign state_dict (timm's or torchvision's files): keys only, the user names the model.
+- a foreign state_dict (timm's or torchvision's files, NVIDIA's NGC files and main.py checkpoints in either
+  of their key layouts: models/nvidia_weights.py): keys only, the user names the model.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import torch
 from torch import nn
 
 from imgcls.errors import CheckpointError
+from imgcls.models.nvidia_weights import LAYOUTS
+
+TIMM_LAYOUT = "timm/torchvision (layer1.0.conv1, blocks.0.0, se.fc1)"
 
 # Prefixes that wrappers put in front of the network's own keys.
 _PREFIXES = ("module.", "net.", "model.", "_orig_mod.")
@@ -84,12 +88,27 @@ def head_name(net: nn.Module) -> str:
     return str(getattr(net, "pretrained_cfg", {}).get("classifier", "fc"))
 
 
+def in_network_layout(net: nn.Module, state: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
+    """The state_dict in the key layout of `net` (timm's): as it is, or converted from one of NVIDIA's
+    layouts, whichever fits the network best (most keys of the right shape; ties keep the first, timm's).
+    Returns the layout's name with it, for the error message of a file that fits none."""
+    own = net.state_dict()
+    candidates = [(TIMM_LAYOUT, state)] + [(layout.name, layout.to_timm(state)) for layout in LAYOUTS]
+
+    def fit(candidate: dict[str, torch.Tensor]) -> int:
+        return sum(1 for k, v in candidate.items() if k in own and own[k].shape == v.shape)
+
+    return max(candidates, key=lambda named: fit(named[1]))
+
+
 def load_state(
     net: nn.Module, state: dict[str, torch.Tensor], source: str, arch: str, new_head_ok: bool = True
 ) -> None:
     """Load a state_dict whose keys are timm's (torchvision's ResNet/ResNeXt keys are the same, head `fc`
-    in both, checked in tests/test_export.py). A head of another class count is dropped and stays freshly
-    initialized when new_head_ok (fine-tuning); anything else that does not fit is one clear error."""
+    in both, checked in tests/test_export.py) or NVIDIA's (either published layout, converted). A head of
+    another class count is dropped and stays freshly initialized when new_head_ok (fine-tuning); anything
+    else that does not fit is one line naming the closest layout and the first keys that do not fit."""
+    layout, state = in_network_layout(net, state)
     state = dict(state)
     own = net.state_dict()
     head = head_name(net)
@@ -112,8 +131,7 @@ def load_state(
             for items, what in ((missing, "missing"), (unexpected, "unexpected"), (wrong, "of another shape"))
             if items
         ]
-        hint = " (torchvision's layout is only the same as timm's for ResNet/ResNeXt)" if unexpected else ""
-        raise CheckpointError(f"{source} does not fit model {arch}: {', '.join(parts)}{hint}")
+        raise CheckpointError(f"{source} does not fit model {arch}: {', '.join(parts)}; closest key layout: {layout}")
     net.load_state_dict(state, strict=False)
 
 

@@ -37,6 +37,7 @@ from imgcls.data.dali.host_resize import HostResize, resize_on_host
 from imgcls.data.dali.loader import DaliLoader
 from imgcls.data.dali.pipelines import interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError, DataError
 from imgcls.seeding import dali_pipeline_seed
 
@@ -171,7 +172,7 @@ class DaliBackend:
                 host_resize=host_resize is not None,
             )
         else:
-            pipe = val_pipeline(**common, crop_pct=float(cfg.val_crop_pct))
+            pipe = val_pipeline(**common, resize=val_resize_size(cfg, common["size"]))
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
         outputs += ["crop_shape"] if with_crop_shape else []

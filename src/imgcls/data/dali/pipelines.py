@@ -178,7 +178,7 @@ def val_pipeline(
     shard_id: int,
     num_shards: int,
     size: int,
-    crop_pct: float,
+    resize: int,
     gpu: bool,
     interpolation: str,
     mean: Sequence[float],
@@ -188,13 +188,13 @@ def val_pipeline(
 ) -> Any:
     jpegs, index, bad = _read_shard(file_list, file_root, shard_id, num_shards, training=False)
     images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
-    # The geometry of torchvision's Resize(floor(size / crop_pct)) + CenterCrop(size), to the pixel:
+    # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own
     # resize_shorter and centred crop round differently, a one-pixel shift on most photos.
     shape = fn.peek_image_shape(jpegs)
     height, width = fn.cast(shape[0], dtype=types.INT32), fn.cast(shape[1], dtype=types.INT32)
     shorter = dmath.min(height, width)
-    scaled = int(size / crop_pct)
+    scaled = int(resize)
     new_h, new_w = (scaled * height) // shorter, (scaled * width) // shorter
     images = fn.resize(
         images,

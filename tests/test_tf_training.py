@@ -1,0 +1,102 @@
+"""What the TF experiments train with beyond their numbers: TF's RMSprop update and TF's weight initializers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from imgcls.config_checks import check_config
+from imgcls.errors import ConfigError
+from imgcls.models.factory import build_network
+from imgcls.optimizer import build_optimizer
+from tests.conftest import compose_config
+
+
+def test_rmsprop_tf_is_tensorflows_update() -> None:
+    """TF's ApplyRMSProp: ms = rho ms + (1 - rho) g^2; mom = momentum mom + lr g / sqrt(ms + eps); w -= mom.
+    With TF2's eps 1e-3 inside the root this differs from torch's RMSprop (eps outside) by a factor of ~30 here."""
+    recipe = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp"]).recipe
+    lr, rho, momentum, eps = 0.1, recipe.rmsprop_alpha, recipe.momentum, recipe.rmsprop_eps
+    grads = [torch.tensor([1e-3, -2e-2]), torch.tensor([5e-3, 4e-2])]
+    weight = nn.Parameter(torch.tensor([0.5, -0.5]))
+    optimizer = build_optimizer([{"params": [weight], "weight_decay": 0.0}], recipe, lr)
+    ms, mom, expected = torch.ones(2), torch.zeros(2), weight.detach().clone()  # TF1-style slot init at 1 (timm)
+    for grad in grads:
+        weight.grad = grad.clone()
+        optimizer.step()
+        ms = rho * ms + (1 - rho) * grad**2
+        mom = momentum * mom + lr * grad / torch.sqrt(ms + eps)
+        expected -= mom
+    assert torch.allclose(weight.detach(), expected, rtol=1e-6, atol=1e-9)
+    torch_style = OmegaConf.merge(recipe, {"optimizer": "rmsprop"})
+    other = nn.Parameter(torch.tensor([0.5, -0.5]))
+    torch_rmsprop = build_optimizer([{"params": [other], "weight_decay": 0.0}], torch_style, lr)
+    other.grad = grads[0].clone()
+    torch_rmsprop.step()
+    tf_first_step = lr * grads[0] / torch.sqrt(rho + (1 - rho) * grads[0] ** 2 + eps)
+    torch_first_step = torch.tensor([0.5, -0.5]) - other.detach()
+    assert torch_first_step[0] > 30 * tf_first_step[0]  # eps outside the root: a small gradient takes a huge step
+
+
+def test_unknown_optimizer_is_refused_in_one_line() -> None:
+    cfg = compose_config(["recipe.optimizer=adam"])
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg)
+    assert str(info.value) == "recipe.optimizer=adam must be one of sgd, rmsprop, rmsprop_tf"
+
+
+def _network(experiment: str) -> nn.Module:
+    torch.manual_seed(0)
+    return build_network(compose_config([f"experiment={experiment}"]).model, num_classes=1000)
+
+
+def test_tf2_init_is_keras_variance_scaling() -> None:
+    """Convs: truncated normal (2 stddev) with variance 2 / fan_out, fan_out counted as Keras does (out x kh x kw
+    / groups: kh x kw for a depthwise conv). Dense: uniform with variance (1/3) / fan_out, i.e. bound 1/sqrt(out)."""
+    net = _network("tf2_efficientnet_b0_8xa100_amp")
+    checked = 0
+    for module in net.modules():
+        if isinstance(module, nn.Conv2d) and module.weight.numel() >= 20000:
+            w = module.weight.detach()
+            fan_out = module.out_channels * w[0, 0].numel() // module.groups
+            std = math.sqrt(2.0 / fan_out)
+            assert w.std().item() == pytest.approx(std, rel=0.05)
+            assert w.abs().max().item() <= 2 * std / 0.87962566103423978 + 1e-6  # truncated at 2 stddev
+            checked += module.groups > 1
+    assert checked >= 3  # depthwise convs included
+    fc = net.get_classifier().weight.detach()
+    bound = math.sqrt(1.0 / fc.shape[0])
+    assert fc.abs().max().item() <= bound and fc.abs().max().item() > 0.99 * bound
+    assert fc.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert not net.get_classifier().bias.detach().any()
+
+
+def test_tf1_init_is_truncated_variance_scaling_fan_in() -> None:
+    """TF1 --weight_init=fan_in: conv and dense kernels with variance 2 / fan_in, truncated at 2 stddev."""
+    net = _network("tf1_resnet50_dgx1v_amp_90e")
+    for module in (net.layer3[0].conv2, net.get_classifier()):
+        w = module.weight.detach()
+        std = math.sqrt(2.0 / w[0].numel())  # fan_in = in x kh x kw (dense: in)
+        assert w.std().item() == pytest.approx(std, rel=0.05)
+        assert w.abs().max().item() <= 2 * std / 0.87962566103423978 + 1e-6
+
+
+def test_stagewise_recipe_ramps_size_and_randaugment_in_equal_stages() -> None:
+    """recipe=tf2_efficientnet_stagewise on a TF2 experiment: 4 stages of 500 // 4 epochs, sizes
+    int(128 + (224 - 128) (stage + 1) / 4) and magnitudes linspace(5, 15, 4), as TF2's runner.py."""
+    from imgcls.data.progressive import schedule_from_config
+
+    cfg = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp", "recipe=tf2_efficientnet_stagewise"])
+    check_config(cfg)
+    assert (cfg.recipe.optimizer, cfg.recipe.epochs, cfg.data.augment) == ("rmsprop_tf", 500, "randaugment")
+    schedule = schedule_from_config(cfg.data)
+    assert [schedule.size(e) for e in (0, 124, 125, 250, 375, 499)] == [152, 152, 176, 200, 224, 224]
+    assert [schedule.magnitude(e) for e in (0, 125, 250, 375)] == [5, 8, 12, 15]
+    assert schedule.final_size == cfg.model.image_size  # the last stage trains and validates at full size
+    # Every other recipe trains at one size unless data.progressive says otherwise.
+    for recipe in ("90e", "efficientnet", "tf1_90e", "tf2_efficientnet"):
+        assert schedule_from_config(compose_config([f"recipe={recipe}"]).data) is None
