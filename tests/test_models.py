@@ -94,12 +94,23 @@ def test_se_options_on_a_network_without_them_are_refused(overrides: list[str], 
         build_network(compose_config(overrides).model, 10)
 
 
-def test_resnext101_32x8d_basic_is_not_offered() -> None:
-    """NVIDIA's stale README usage block lists `resnext101-32x8d-basic`, a network no NVIDIA code defined."""
+def test_resnext101_32x8d_basic_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """NVIDIA's stale README usage block lists `resnext101-32x8d-basic`, a network no NVIDIA code defined;
+    NVIDIA's other --arch spellings get imgcls's name."""
+    from imgcls.cli import check_group_choices
     from imgcls.config import options
 
     assert "resnext101_32x8d" in options("model") and "resnext50_32x4d" in options("model")
     assert not [name for name in options("model") if "basic" in name]
+    for arg, needle in (
+        ("model=resnext101-32x8d-basic", "model=resnext101-32x8d-basic is only in the --arch list of NVIDIA's stale"),
+        ("model=se-resnext101-32x4d", "is NVIDIA's --arch spelling; imgcls's is model=se_resnext101_32x4d"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            check_group_choices([arg])
+        assert exit_.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], lines
 
 
 def model_cfg(*overrides: str):

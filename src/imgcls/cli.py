@@ -51,7 +51,16 @@ def check_group_choices(argv: list[str]) -> None:
         allowed = options(group)
         for value in values:
             if value is not None and str(value) not in allowed and str(value) != "null":
-                fail(f"{group}={value} is not a known {group}; allowed: {', '.join(allowed)}")
+                fail(f"{group}={value} {_why_unknown(group, str(value), allowed)}; allowed: {', '.join(allowed)}")
+
+
+def _why_unknown(group: str, value: str, allowed: list[str]) -> str:
+    """NVIDIA's --arch names are spelled with '-'; one of them names no network at all."""
+    if group == "model" and value.replace("-", "_") == "resnext101_32x8d_basic":
+        return "is only in the --arch list of NVIDIA's stale README usage block: no NVIDIA code ever defined it"
+    if group == "model" and value.replace("-", "_") in allowed:
+        return f"is NVIDIA's --arch spelling; imgcls's is model={value.replace('-', '_')}"
+    return f"is not a known {group}"
 
 
 def fail(message: str, code: int = 2) -> None:
