@@ -228,8 +228,8 @@ def test_val_pipeline_gets_only_its_shards_files(
     given: dict[int, list[bytes]] = {}
     write_list = FileList.write_list
 
-    def record(self: FileList, path: str, *shard: int | None) -> None:
-        write_list(self, path, *shard)
+    def record(self: FileList, path: str, *shard: int | None, **order: object) -> None:
+        write_list(self, path, *shard, **order)
         given[len(given)] = Path(path).read_bytes().splitlines()
 
     monkeypatch.setattr(FileList, "write_list", record)

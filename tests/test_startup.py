@@ -140,3 +140,140 @@ def test_rebuilding_the_tree_with_other_sizes_removes_only_its_links(tmp_path: P
     assert len(list(tree.rglob("*.jpg"))) == 6
     assert {str(p): p.read_bytes() for p in source.rglob("*.jpg")} == originals
     assert all(p.stat().st_nlink >= 1 for p in source.rglob("*.jpg"))
+
+
+# --- dali_cpu's memory at start (docs/data-backends.md "Startup": what was removed and why) ------------------
+
+
+def _bytes_read() -> int:
+    """Bytes this process (all its threads) has read with read() calls so far."""
+    return int(next(line for line in open("/proc/self/io") if line.startswith("rchar:")).split()[1])
+
+
+def test_train_reader_holds_no_shuffle_buffer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The train reader reshuffles the whole list every epoch (shuffle_after_epoch) instead of drawing from
+    a buffer of `initial_fill` encoded files (random_shuffle): building the loader, which runs its first
+    batches, reads a few batches' files, not 1,024 of them (110 MB per rank on ImageNet before)."""
+    from nvidia.dali import fn
+
+    root = make_image_folder(tmp_path / "data", classes=4, train_per_class=75, val_per_class=1, size=(160, 120))
+    file_bytes = sum(p.stat().st_size for p in (root / "train").rglob("*.jpg")) / 300
+    cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", "data.num_workers=1")).data
+    backend = make_backend(cfg)
+    next(iter(backend.loader("val", 8, rank=0, world_size=1, seed=0)))  # DALI's first pipeline: imports done
+    given: list[dict] = []
+    reader = fn.readers.file
+
+    def recording(*args: object, **kwargs: object) -> object:
+        given.append(kwargs)
+        return reader(*args, **kwargs)
+
+    monkeypatch.setattr(fn.readers, "file", recording)
+    before = _bytes_read()
+    loader = backend.loader("train", 8, rank=0, world_size=1, seed=0)
+    read = (_bytes_read() - before) / file_bytes
+    assert given[0]["shuffle_after_epoch"] is True and not given[0].get("random_shuffle")
+    assert read < 8 * (int(cfg.prefetch_factor) + 4) < 300  # the list file itself is small: 300 lines
+    images, labels = next(iter(loader))
+    assert len(labels) == 8
+
+
+def test_train_epochs_are_fresh_permutations_of_the_run_seed(tmp_path: Path) -> None:
+    """Every epoch reads each file once over the ranks, in a new order; the order follows the run seed
+    (the list is handed to DALI permuted by it) and is the same for the same seed."""
+    root = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=1)
+    orders = {}
+    for seed in (0, 1):
+        trace = tmp_path / f"seed{seed}"
+        cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", f"data.trace_dir={trace}")).data
+        backend = make_backend(cfg)
+        for rank in range(2):
+            loader = backend.loader("train", 4, rank, 2, seed=seed)
+            for _ in range(3):
+                list(loader)
+        orders[seed] = [
+            sum(((trace / f"train_rank{r}_epoch{e}.txt").read_text().split() for r in range(2)), []) for e in range(3)
+        ]
+        for order in orders[seed]:
+            assert sorted(map(int, order)) == list(range(24))  # 2 ranks x 3 batches of 4: every file once
+        assert len({tuple(order) for order in orders[seed]}) == 3
+    assert orders[0] != orders[1]
+    cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", f"data.trace_dir={tmp_path / 'again'}")).data
+    again = make_backend(cfg)
+    list(again.loader("train", 4, 0, 2, seed=0))
+    assert (tmp_path / "again" / "train_rank0_epoch0.txt").read_text().split() == orders[0][0][:12]
+
+
+def test_file_list_keeps_its_names_compressed(tmp_path: Path) -> None:
+    """DALI holds its own copy of the names: the FileList keeps them compressed (a few bytes a file, not
+    the 40 of one uncompressed byte string), and still gives every path, label and list line."""
+    import tracemalloc
+
+    import numpy as np
+
+    from imgcls.data.dali.file_list import FileList
+
+    classes = [f"n{c:08d}" for c in range(3)]
+    for c in classes:
+        (tmp_path / c).mkdir()
+        for i in range(3000):
+            (tmp_path / c / f"{c}_{i:05d}.JPEG").touch()
+    tracemalloc.start()
+    try:
+        files = FileList(tmp_path, classes)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept / len(files) < 10
+    expected = make_dataset(str(tmp_path), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS)
+    assert [(files.path(i), int(files.targets[i])) for i in range(len(files))] == expected
+    assert files.labels(torch.tensor([0, 2999, 3000, 8999])).tolist() == [0, 0, 1, 2]
+    order = np.random.default_rng(0).permutation(len(files))
+    listing = tmp_path / "list.txt"
+    files.write_list(str(listing), order=order)
+    lines = listing.read_text().splitlines()
+    line = [f"{os.path.relpath(path, tmp_path)} {i}" for i, (path, _) in enumerate(expected)]
+    assert lines == [line[i] for i in order]
+    files.write_list(str(listing), 4000, 4100)
+    assert listing.read_text().splitlines() == line[4000:4100]
+
+
+def test_host_resize_reuses_released_batches_and_leaves_malloc_alone(tmp_path: Path) -> None:
+    """dali_cpu writes each batch into a buffer it reuses once the batch is released (no fresh, page-faulting
+    memory per batch), never one still held, and no longer tunes glibc for the whole process: a block the
+    training step frees goes back to the system. Before, mallopt kept every freed block (90 MB more at the
+    first step's peak on the startup benchmark). In a subprocess: malloc settings are per process."""
+    import subprocess
+    import sys
+
+    root = make_image_folder(tmp_path / "data", classes=2, train_per_class=32, val_per_class=1, size=(96, 80))
+    script = f"""
+import torch
+from imgcls.data.backends import make_backend
+from tests.conftest import compose_config, tiny_overrides
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
+cfg = compose_config(tiny_overrides({str(root)!r}, "data.backend=dali_cpu", "data.dali_train_resize=torch",
+                                    "model.image_size=64")).data
+loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+batches = iter(loader)
+held, _ = next(batches)
+kept = held.clone()
+seen = set()
+for _ in range(12):
+    x, _ = next(batches)
+    seen.add(x.data_ptr())
+    del x
+assert torch.equal(held, kept), "a held batch was written again"
+assert held.data_ptr() not in seen and len(seen) <= 4, seen
+before = rss()
+block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MB, written: resident
+grown = rss() - before
+del block
+print(grown, rss() - before)
+"""
+    command = [sys.executable, "-c", script]
+    result = subprocess.run(command, cwd=startup.REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    grown, left = map(int, result.stdout.split()[-2:])
+    assert grown > 60 << 20 and left < 8 << 20

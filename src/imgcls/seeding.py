@@ -98,6 +98,12 @@ def dali_pipeline_seed(seed: int, rank: int) -> int:
     return (int(seed) * 1000003 + 7919 * int(rank)) % (2**31 - 1)
 
 
+def dali_list_order(seed: int, size: int) -> np.ndarray:
+    """The order of the train list handed to DALI: a permutation of range(size) from the run seed alone,
+    the same on every rank (DALI's per-epoch shuffle has a fixed seed: this makes the order the run seed's)."""
+    return np.random.default_rng(_splitmix64(int(seed) ^ 0x44414C49)).permutation(size)
+
+
 class RNGState(L.Callback):
     def __init__(self) -> None:
         self._loaded: list[dict[str, Any]] | None = None

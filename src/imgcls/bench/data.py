@@ -29,9 +29,6 @@ sleep holds no core and no GIL, like a CUDA synchronisation). Then the table als
 batch and, for the dali_cpu rows, the time its torch resize took per batch: with the resize in a background
 thread a batch should take about max(resize, S, DALI's decode), without it about resize + S.
 
-The process runs with imgcls.data.dali.malloc.keep_freed_memory() (glibc keeps freed blocks) for every
-row, since the dali_cpu backend sets it.
-
 Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
 as imagenet-samples/<wnid>/*.JPEG), cores (2), image_size (224), batch_size (64), images (all: at most
 this many files, spread over the classes), seconds (3: timed seconds per row and repeat), repeats (7),
@@ -265,9 +262,6 @@ def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str, ro
 def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
     import torch
 
-    from imgcls.data.dali.malloc import keep_freed_memory
-
-    keep_freed_memory()  # as the dali_cpu backend does; before any worker forks, so every row has it
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args["cores"]]))  # children inherit it
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="imgcls-bench-") as tmp:

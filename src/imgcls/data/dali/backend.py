@@ -39,7 +39,7 @@ from imgcls.data.dali.pipelines import interp_type, train_pipeline, val_pipeline
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError, DataError
-from imgcls.seeding import dali_pipeline_seed
+from imgcls.seeding import dali_list_order, dali_pipeline_seed
 
 
 class DaliBackend:
@@ -90,10 +90,10 @@ class DaliBackend:
         listing.close()
         try:
             if split == "train":
-                # The whole list: DALI's random_shuffle permutes the whole list (a fixed seed) before it
-                # takes a rank's shard, and moves each rank to the next shard every epoch
-                # (stick_to_shard=False), so a rank's own files alone would read different samples.
-                files.write_list(listing.name)
+                # The whole list, in the run seed's order: DALI reshuffles the whole list before every
+                # epoch (shuffle_after_epoch) and each rank reads its shard of that permutation, so every
+                # rank needs every name.
+                files.write_list(listing.name, order=dali_list_order(seed, len(files)))
                 shard = (rank, world_size)
             else:
                 # Val reads its own contiguous shard in order every epoch (stick_to_shard, no shuffle):
@@ -155,6 +155,9 @@ class DaliBackend:
                 fp16=common["fp16"],
                 pin_memory=bool(cfg.get("pin_memory")),
                 threads=cfg.get("dali_resize_threads") or 1,
+                # In flight at most: the step's batch, Lightning's next one (also still referenced by the
+                # loader's generator), the queue's, the one being made, and one spare.
+                buffers=self.host_prefetch + 4,
             )
         if training:
             randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)

@@ -103,7 +103,6 @@ class DaliLoader:
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
-        self.targets = files.targets
         self.bad_images = bad_images or BadImageLog("skip")
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -185,7 +184,7 @@ class DaliLoader:
             images = images.permute(0, 3, 1, 2)
         if self.copy and self.host_resize is None:  # the classic executor reuses its buffers (docstring)
             images = images.clone()
-        result: tuple[torch.Tensor, ...] = (images, self.targets[index])
+        result: tuple[torch.Tensor, ...] = (images, self.files.labels(index))
         if "crop_shape" in out:
             result = (*result, out["crop_shape"].clone())
         return _Batch(read, bad, result)

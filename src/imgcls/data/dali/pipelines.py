@@ -93,17 +93,21 @@ def _read_shard(
 ) -> tuple[Any, Any, Any]:
     """(checked files, sample indices, bad flags) of this rank's shard; the loader maps an index to its class.
 
-    Train shuffles and pads instead of reading into the next epoch, so every epoch starts at the shard's
-    beginning. Val is exact: no padding duplicates, each rank keeps its own shard every epoch, and the
-    iterator's PARTIAL policy trims the samples read past the shard's end. `file_list` holds "path index"
-    lines (file_list.FileList.write_list): the reader's label is the sample index. dont_use_mmap: a zero-byte
-    file cannot be mapped, and the reader would stop the pipeline on it before the check sees it."""
+    Train reshuffles the whole list before every epoch (shuffle_after_epoch: a permutation with a fixed
+    seed per epoch, the same on every rank, so the shards stay disjoint; the list file itself comes
+    permuted by the run seed) and each rank reads its shard of it in that order. No `random_shuffle`: its
+    1,024-file buffer of encoded JPEGs (`initial_fill`) cost 110 MB per rank and shuffled less (docs/
+    data-backends.md "Startup"). Train pads instead of reading into the next epoch, so every epoch starts at
+    the shard's beginning. Val is exact: no padding duplicates, each rank keeps its own shard every epoch,
+    and the iterator's PARTIAL policy trims the samples read past the shard's end. `file_list` holds "path
+    index" lines (file_list.FileList.write_list): the reader's label is the sample index. dont_use_mmap: a
+    zero-byte file cannot be mapped, and the reader would stop the pipeline on it before the check sees it."""
     jpegs, index = fn.readers.file(
         file_list=file_list,
         file_root=file_root,
         shard_id=shard_id,
         num_shards=num_shards,
-        random_shuffle=training,
+        shuffle_after_epoch=training,  # implies stick_to_shard (DALI refuses both set)
         pad_last_batch=training,
         stick_to_shard=not training,
         dont_use_mmap=True,
