@@ -118,7 +118,7 @@ def test_tf1_experiment_matches_its_script(name: str) -> None:
     assert recipe.warmup_epochs == float(_flag(common, "--lr_warmup_epochs"))
     assert (recipe.optimizer, recipe.momentum) == ("sgd", float(_flag(common, "--momentum")))
     assert recipe.label_smoothing == float(_flag(common, "--label_smoothing"))
-    assert recipe.schedule == "cosine" and "--cosine_lr" in common
+    assert recipe.schedule == "cosine_tf1" and "--cosine_lr" in common  # cosine over all steps, warmup included
     assert cfg.model.conv_init == "tf1" and _flag(common, "--weight_init") == "fan_in"
     assert cfg.model.image_size == 224 and cfg.data.val_crop_padding == 32  # TF1 eval: 256 -> 224
     scale = row["loss_scale"]

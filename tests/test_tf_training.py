@@ -13,6 +13,7 @@ from imgcls.config_checks import check_config
 from imgcls.errors import ConfigError
 from imgcls.models.factory import build_network
 from imgcls.optimizer import build_optimizer
+from imgcls.scheduler import build_scheduler
 from tests.conftest import compose_config
 
 
@@ -100,3 +101,19 @@ def test_stagewise_recipe_ramps_size_and_randaugment_in_equal_stages() -> None:
     # Every other recipe trains at one size unless data.progressive says otherwise.
     for recipe in ("90e", "efficientnet", "tf1_90e", "tf2_efficientnet"):
         assert schedule_from_config(compose_config([f"recipe={recipe}"]).data) is None
+
+
+def test_tf1_cosine_runs_over_all_steps_warmup_included() -> None:
+    """TF1 --cosine_lr: linear warmup from 0, then tf.train.cosine_decay(lr, global_step, total steps), the
+    cosine's clock starting at step 0, not at the warmup's end (90 epochs x 10 steps, 8 warmup epochs)."""
+    total, warmup, base = 900, 80, 2.048
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=base)
+    scheduler = build_scheduler(optimizer, total, warmup, 0.0, "cosine_tf1", epochs=90)
+    lrs = {}
+    for step in range(0, total + 1):  # how ClassificationModule.lr_scheduler_step drives it
+        scheduler.step_update(num_updates=step)
+        lrs[step] = optimizer.param_groups[0]["lr"]
+    assert lrs[40] == pytest.approx(base * 40 / 80)  # warmup
+    for step in (80, 450, 899):
+        assert lrs[step] == pytest.approx(base * 0.5 * (1 + math.cos(math.pi * step / total)), rel=1e-9)
+    assert lrs[80] == pytest.approx(0.981 * base, abs=1e-3)  # below the peak when the warmup ends

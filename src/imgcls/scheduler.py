@@ -42,7 +42,7 @@ def recipe_steps(batches_per_epoch: int, accumulation: int, epochs: int) -> int:
     return max(1, math.ceil(batches_per_epoch / accumulation) * epochs)
 
 
-SCHEDULES = ("cosine", "linear", "step")
+SCHEDULES = ("cosine", "linear", "step", "cosine_tf1")
 STEP_MILESTONES = (30, 60, 80)  # NVIDIA main.py lr_step_policy: x0.1 at these epochs (hard-coded there)
 
 
@@ -59,7 +59,9 @@ def build_scheduler(
 
     - cosine: to `end_lr` at `total_steps`;
     - linear: base * (1 - e/es) after warmup, i.e. a straight line to `end_lr` (0) at `total_steps`;
-    - step: x0.1 at the epochs in `milestones` (absolute epochs, as NVIDIA counts them; needs `epochs`).
+    - step: x0.1 at the epochs in `milestones` (absolute epochs, as NVIDIA counts them; needs `epochs`);
+    - cosine_tf1: NVIDIA's TF1 `--cosine_lr`, `tf.train.cosine_decay(lr, global_step, total steps)`: the cosine
+      runs over all steps from step 0, so the warmup ends below the peak (0.981 x lr after 8 of 90 epochs).
 
     Stepped every optimizer step with the optimizer-step count (NVIDIA changed the LR once per epoch), with
     timm's schedulers rather than hand-written formulas.
@@ -68,6 +70,8 @@ def build_scheduler(
     decay_steps = max(1, total_steps - warmup_steps)
     if schedule == "cosine":
         return CosineLRScheduler(optimizer, t_initial=decay_steps, lr_min=end_lr, warmup_prefix=True, **common)
+    if schedule == "cosine_tf1":  # timm without warmup_prefix: the cosine's t is the global step, warmup included
+        return CosineLRScheduler(optimizer, t_initial=max(1, total_steps), lr_min=end_lr, warmup_prefix=False, **common)
     if schedule == "linear":
         return PolyLRScheduler(optimizer, t_initial=decay_steps, power=1.0, lr_min=end_lr, warmup_prefix=True, **common)
     if schedule == "step":
