@@ -174,6 +174,29 @@ def test_a_file_of_no_known_layout_names_the_closest_and_its_missing_keys(tmp_pa
     assert "2 missing" in message and "layer4.2.conv3.weight" in message and "layer4.2.bn3.weight" in message
 
 
+def test_nvidias_se_resnext_without_se_width_16_is_named_and_refused(tmp_path: Path) -> None:
+    """The NGC SE-ResNeXt file into imgcls's default C/16 network: one line naming NVIDIA's 20.06 layout (its
+    SE tensors have another shape, every name is known) and the key that builds NVIDIA's network."""
+    path = nvidia_file(tmp_path / "se.pth", nvidia_reference.build("se-resnext101-32x4d"), "old", wrapper=False)
+    with pytest.raises(CheckpointError) as error:
+        build_network(compose_config(["model=se_resnext101_32x4d", f"model.weights={path}"]).model, 1000)
+    message = str(error.value)
+    assert "\n" not in message  # stage 1's SE fits (256 / 16 = 16); stage 2's is 512 / 16 = 32 wide here
+    assert "of another shape (e.g. ['layer2.0.se.fc1.weight (16, 512, 1, 1) vs (32, 512, 1, 1)'" in message
+    assert "closest key layout: NVIDIA ResNet, NGC 20.06" in message and "model.se_width=16" in message
+
+
+def test_classify_and_evaluate_name_nvidias_layout_of_a_file_that_does_not_fit(tmp_path: Path) -> None:
+    """A widese-B0 NGC file given model=efficientnet_b0 (the plain-state_dict path of classify and evaluate)."""
+    from imgcls.config import model_config
+    from imgcls.models.trained import load_trained
+
+    path = nvidia_file(tmp_path / "w.pth", nvidia_reference.build("efficientnet-widese-b0"), "old", wrapper=False)
+    model_cfg = model_config(compose_config(["model=efficientnet_b0"], config_name="classify"))
+    with pytest.raises(CheckpointError, match=r"another shape .*closest key layout: NVIDIA EfficientNet, NGC 20\.12"):
+        load_trained(path, model_cfg=model_cfg)
+
+
 def test_an_ngc_file_of_another_network_is_refused(tmp_path: Path) -> None:
     """An NGC EfficientNet file given model=resnet50: one line naming what does not fit, nothing loaded."""
     path = nvidia_file(tmp_path / "se.pth", nvidia_reference.build("efficientnet-b0"), "old", wrapper=False)

@@ -129,12 +129,12 @@ def load_trained(
     if use_ema:
         raise CheckpointError(f"{key}={path} is a plain state_dict: use_ema needs an imgcls checkpoint")
     probe = _build(model_cfg, 1)
-    _, state = in_network_layout(probe, state)  # NVIDIA's key layouts renamed to timm's (nvidia_weights.py)
     head_key = head_name(probe) + ".weight"
     if classes is None:
-        if head_key not in state:  # not this architecture: the full list of what does not fit
+        _, renamed = in_network_layout(probe, state)  # NVIDIA's key layouts as timm's (nvidia_weights.py)
+        if head_key not in renamed:  # not this architecture: the full list of what does not fit
             load_state(probe, state, f"{key}={path}", model_cfg["arch"], new_head_ok=False)
-        count = state[head_key].shape[0]
+        count = renamed[head_key].shape[0]
         # 1000 outputs: timm's and torchvision's ImageNet-1k files, labels in sorted-wnid order.
         classes = list(imagenet_names()) if count == 1000 else [str(i) for i in range(count)]
     net = _build(model_cfg, len(classes))

@@ -90,13 +90,14 @@ def head_name(net: nn.Module) -> str:
 
 def in_network_layout(net: nn.Module, state: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
     """The state_dict in the key layout of `net` (timm's): as it is, or converted from one of NVIDIA's
-    layouts, whichever fits the network best (most keys of the right shape; ties keep the first, timm's).
-    Returns the layout's name with it, for the error message of a file that fits none."""
+    layouts, whichever fits the network best (most known key names, then most of the right shape; ties keep
+    the first, timm's). Returns the layout's name with it, for the error message of a file that fits none."""
     own = net.state_dict()
     candidates = [(TIMM_LAYOUT, state)] + [(layout.name, layout.to_timm(state)) for layout in LAYOUTS]
 
-    def fit(candidate: dict[str, torch.Tensor]) -> int:
-        return sum(1 for k, v in candidate.items() if k in own and own[k].shape == v.shape)
+    def fit(candidate: dict[str, torch.Tensor]) -> tuple[int, int]:
+        known = [k for k in candidate if k in own]
+        return len(known), sum(1 for k in known if own[k].shape == candidate[k].shape)
 
     return max(candidates, key=lambda named: fit(named[1]))
 
@@ -131,7 +132,12 @@ def load_state(
             for items, what in ((missing, "missing"), (unexpected, "unexpected"), (wrong, "of another shape"))
             if items
         ]
-        raise CheckpointError(f"{source} does not fit model {arch}: {', '.join(parts)}; closest key layout: {layout}")
+        # NVIDIA's PyTorch SE-ResNeXt squeezes to 16 channels, imgcls's default to C/16 (squeeze_excitation.py).
+        se_width = any(".se.fc" in w for w in wrong)
+        se = "; its SE width differs: model.se_width=16 builds NVIDIA's PyTorch SE" if se_width else ""
+        raise CheckpointError(
+            f"{source} does not fit model {arch}: {', '.join(parts)}; closest key layout: {layout}{se}"
+        )
     net.load_state_dict(state, strict=False)
 
 
