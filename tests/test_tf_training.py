@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from imgcls.errors import ConfigError
 from imgcls.models.factory import build_network
 from imgcls.optimizer import build_optimizer
 from imgcls.scheduler import build_scheduler
-from tests.conftest import compose_config
+from imgcls.train import run
+from tests.conftest import compose_config, read_report, tiny_overrides
 
 
 def test_rmsprop_tf_is_tensorflows_update() -> None:
@@ -117,3 +119,16 @@ def test_tf1_cosine_runs_over_all_steps_warmup_included() -> None:
     for step in (80, 450, 899):
         assert lrs[step] == pytest.approx(base * 0.5 * (1 + math.cos(math.pi * step / total)), rel=1e-9)
     assert lrs[80] == pytest.approx(0.981 * base, abs=1e-3)  # below the peak when the warmup ends
+
+
+def test_tf2_recipe_trains_with_tf_rmsprop_tf_init_and_ema(image_folder: Path, tmp_path: Path) -> None:
+    """The one real run: debug=tiny with the TF2 recipe and TF2's init reaches the training loop with timm's
+    RMSpropTF and reports the EMA weights (val_ema.*) next to the raw ones, as NVIDIA's TF2 runs do."""
+    overrides = tiny_overrides(image_folder, "recipe=tf2_efficientnet", "model.conv_init=tf2", "recipe.epochs=1",
+                               "recipe.warmup_epochs=0", "recipe.global_batch_size=8")  # fmt: skip
+    run(compose_config(overrides, run_dir=tmp_path))
+    epoch = read_report(tmp_path)["epochs"][-1]
+    assert math.isfinite(epoch["train.loss"]) and "val_ema.top1" in epoch and "val.top1" in epoch
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    group = state["optimizer_states"][0]["param_groups"][0]
+    assert group["lr_in_momentum"] is True and group["eps"] == 1e-3 and group["alpha"] == 0.9  # RMSpropTF's
