@@ -220,6 +220,7 @@ TRAIN: dict[str, Check] = {
     "recipe.augment": anything,
     "recipe.interpolation": anything,
     "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
+    "recipe.ema_dynamic_decay": boolean,  # TF2: the EMA decay ramps as min(decay, (1 + t) / (10 + t))
     # stage-wise recipes (recipe/tf2_efficientnet_stagewise: TF2 --n_stages, --base_img_size, --base_randaug_mag),
     # read through data.progressive
     "recipe.stagewise": boolean,

@@ -60,7 +60,11 @@ class ClassificationModule(L.LightningModule):
         # timm's EMA (not Lightning's EMAWeightAveraging) so that validation can report raw and EMA
         # weights side by side, as NVIDIA's val_ema.* does. Updated once per optimizer step.
         ema_decay = self.recipe.ema_decay
-        self.ema = ModelEmaV3(self.net, decay=float(ema_decay)) if ema_decay else None
+        # TF2's HvdMovingAverage(dynamic_decay=True) averages with min(decay, (1 + t) / (10 + t)) = 1 - 9 / (10 + t):
+        # timm's EMA warmup 1 - (1 + t' / gamma) ** -power with gamma 9, power 1 and t' = t - 1 (timm copies the
+        # weights at the first update) is 1 - 9 / (8 + t): TF's curve, two steps later.
+        warmup = {"use_warmup": True, "warmup_gamma": 9.0, "warmup_power": 1.0} if self.recipe.ema_dynamic_decay else {}
+        self.ema = ModelEmaV3(self.net, decay=float(ema_decay), **warmup) if ema_decay else None
 
         top5 = min(5, num_classes)
         self.val_metrics = nn.ModuleDict()
@@ -195,6 +199,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
 RECIPE_DEFAULTS: dict[str, Any] = {
     "nesterov": False, "end_lr": 0.0, "norm_bias_weight_decay": False, "label_smoothing": 0.0, "mixup": 0.0,
     "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
+    "ema_dynamic_decay": False,
 }  # fmt: skip
 
 
