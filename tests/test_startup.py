@@ -277,3 +277,21 @@ print(grown, rss() - before)
     assert result.returncode == 0, result.stderr[-3000:]
     grown, left = map(int, result.stdout.split()[-2:])
     assert grown > 60 << 20 and left < 8 << 20
+
+
+def test_stages_prints_each_milestone_of_a_start(tmp_path: Path) -> None:
+    """`python -m imgcls.bench.stages` (where a start's memory goes, docs/data-backends.md "Startup") runs the
+    startup benchmark's train.py start in-process and prints one row per milestone."""
+    import subprocess
+    import sys
+
+    source = make_image_folder(tmp_path / "photos", classes=2, train_per_class=2, val_per_class=1, size=(96, 80))
+    sizes = "--classes 2 --train 8 --val 1 --image-size 32 --batch-size 4 --workers 1".split()
+    command = [sys.executable, "-m", "imgcls.bench.stages", str(source), "--dir", str(tmp_path / "bench"), *sizes]
+    result = subprocess.run(command, cwd=startup.REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [
+        "imports", "file list (16 files)", "loader built (DALI ran its first batch)", "first batch in the step",
+        "first forward", "first backward", "first step done", "end",
+    ]  # fmt: skip

@@ -123,9 +123,9 @@ def _tree_pids(root: int) -> list[int]:
     return pids
 
 
-def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, resume: bool) -> dict[str, float]:
-    """One start of train.py; returns seconds to the first step and to exit, peak RSS and PSS in MiB."""
-    overrides = [
+def train_overrides(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, resume: bool) -> list[str]:
+    """The train.py overrides of one start (also used by imgcls.bench.stages)."""
+    return [
         "model=resnet18",
         "hardware=cpu",
         "data=folder",
@@ -145,6 +145,11 @@ def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, res
         *(["ckpt_path=last"] if resume else []),
         *args.overrides,
     ]
+
+
+def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, resume: bool) -> dict[str, float]:
+    """One start of train.py; returns seconds to the first step and to exit, peak RSS and PSS in MiB."""
+    overrides = train_overrides(tree, backend, run_dir, args, resume)
     report = run_dir / "report.json"
     report.unlink(missing_ok=True)  # the resumed start writes it again
     command = [sys.executable, "-c", _WRAPPER, sys.executable, str(REPO / "train.py"), *overrides]
