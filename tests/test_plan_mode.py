@@ -31,6 +31,7 @@ def test_every_experiment_has_a_plan(experiment: str) -> None:
     assert plan["global_batch"] == plan["per_device_batch"] * plan["world_size"] * plan["accumulation"]
     assert plan["total_steps"] == plan["steps_per_epoch"] * plan["epochs"] and plan["warmup_steps"] > 0
     assert plan["lr"] > 0 and plan["weight_decay"] > 0
+    assert plan["val_resize"] == plan["image_size"] + 32  # NVIDIA's eval protocol (data.val_crop_padding) in every run
 
 
 def test_plan_counts_the_train_folder_when_no_count_is_given(image_folder: Path) -> None:

@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config_checks import check_config
+from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
 
@@ -184,6 +185,7 @@ def describe(cfg: DictConfig) -> dict[str, Any]:
     images, source = train_images(cfg.data)
     summary: dict[str, Any] = {
         "model": str(cfg.model.name), "arch": str(cfg.model.arch), "image_size": int(cfg.model.image_size),
+        "val_resize": val_resize_size(cfg.data, int(cfg.data.image_size)),  # shorter side before the centre crop
         "hardware": str(cfg.hardware.name), "precision": str(cfg.precision.name), "data.backend": str(cfg.data.backend),
         "recipe": str(recipe.name), "epochs": epochs, "optimizer": str(recipe.optimizer),
         "schedule": str(recipe.get("schedule") or "cosine"), "warmup_epochs": float(recipe.warmup_epochs),
