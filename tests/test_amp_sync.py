@@ -10,6 +10,7 @@ import pytest
 
 import imgcls.train
 from tests.conftest import compose_config, tiny_overrides
+from tests.test_amp import FP16_NET
 from tests.test_host_sync import SyncCounter, count_syncs
 
 
@@ -19,7 +20,7 @@ def test_fp16_loss_scaling_syncs_at_most_once_per_k_steps(
     counter = SyncCounter()
     count_syncs(monkeypatch, counter)
     overrides = tiny_overrides(image_folder, "recipe.epochs=2", "precision=amp", "precision.cpu_fp16=true",
-                               "model.channels_last=false")  # fmt: skip
+                               "model.channels_last=false", FP16_NET)  # fmt: skip
     imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 12
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
@@ -30,6 +31,6 @@ def test_fp16_loss_scaling_syncs_at_most_once_per_k_steps(
 def test_fp16_with_gradient_clipping_uses_the_unfused_optimizer(image_folder: Path, tmp_path: Path) -> None:
     """Lightning clips after unscaling, which a fused optimizer does inside its step: it raises for that pair."""
     overrides = tiny_overrides(image_folder, "recipe.epochs=1", "precision=amp", "precision.cpu_fp16=true",
-                               "model.channels_last=false", "trainer.gradient_clip_val=1.0")  # fmt: skip
+                               "model.channels_last=false", "trainer.gradient_clip_val=1.0", FP16_NET)  # fmt: skip
     summary = imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
     assert summary["train.loss"] > 0
