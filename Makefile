@@ -3,6 +3,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+# Test processes: most tests wait on one single-threaded train.py or DDP subprocess, so two workers keep both
+# cores busy (pytest-xdist; TEST_JOBS=0 runs in one process).
+TEST_JOBS ?= 2
 
 .PHONY: install train test lint bench bench-data bench-startup gpu-check docker clean
 
@@ -18,7 +21,7 @@ train: $(STAMP)   ## the demo: ResNet18 on embedded handwritten digits, CPU, a f
 	$(PY) train.py experiment=demo $(ARGS)
 
 test: $(STAMP)    ## the test suite (CPU only; GPU tests skip without CUDA)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests train.py evaluate.py
