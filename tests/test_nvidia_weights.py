@@ -141,6 +141,7 @@ def test_evaluate_reads_an_nvidia_main_py_checkpoint(image_folder: Path, tmp_pat
     torch.save({"epoch": 3, "arch": "efficientnet-b0", "state_dict": state, "best_prec1": 0.0}, path)
     overrides = [f"ckpt={path}", "model=efficientnet_b0", f"data.root={image_folder}", "data.num_workers=0"]
     overrides.append("model.image_size=64")  # small images: a fast test
+    overrides.append("data.val_crop_padding=32")  # NVIDIA's eval protocol: resize to 96, crop 64
     metrics = evaluate(
         compose_config(["trainer.enable_progress_bar=false", *overrides], config_name="evaluate", run_dir=tmp_path)
     )

@@ -335,6 +335,7 @@ EVALUATE: dict[str, Check] = {
     "data.backend": anything,
     "data.batch_size": POSITIVE_OR_NULL,
     "data.num_workers": integer(0, null=True),
+    "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval resize for NGC files
     "batch_sizes": anything,  # bench/inference.py names the bad item
     "benchmark.warmup": COUNT,
     "benchmark.iterations": POSITIVE,
