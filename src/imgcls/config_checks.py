@@ -232,6 +232,10 @@ TRAIN: dict[str, Check] = {
     "data.name": anything,
     "data.root": anything,
     "data.backend": anything,
+    "data.format": choice("folder", "webdataset", "tfrecord"),
+    "data.label_base": anything,  # data/shards names what is allowed (auto, 0, 1)
+    "data.index_dir": anything,
+    "data.shard_cache": anything,
     "data.batch_size": POSITIVE_OR_NULL,
     "data.val_batch_size": POSITIVE_OR_NULL,
     "data.train_images": POSITIVE_OR_NULL,
