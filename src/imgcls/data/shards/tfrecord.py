@@ -1,0 +1,205 @@
+"""TFRecord files of tf.train.Example records (the TF seeds' ImageNet shards) and their DALI index files.
+
+Framing (TensorFlow's record_writer.cc): uint64 length, masked crc32c of the length, the data, masked crc32c
+of the data, all little-endian. No library outside TensorFlow writes or reads it, and TensorFlow is a
+multi-GiB dependency for 20 lines, so the framing is written here; the checksums are google-crc32c's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import google_crc32c
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from imgcls.errors import DataError
+from imgcls.storage import write_atomic
+
+IMAGE_KEY = "image/encoded"
+LABEL_KEY = "image/class/label"
+FILENAME_KEY = "image/filename"
+SYNSET_KEY = "image/class/synset"
+_HEADER = struct.Struct("<QI")  # length, masked crc of the length
+_FOOTER = struct.Struct("<I")  # masked crc of the data
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc(data: bytes) -> int:
+    """TensorFlow's masked crc32c (crc32c.h Mask): rotate right by 15 and add a constant."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+# --- tf.train.Example -------------------------------------------------------------------------------------
+
+@cache
+def _example_classes() -> dict[str, Any]:
+    """The message classes of tensorflow/core/example/{feature,example}.proto, built from a descriptor written
+    here: the same wire format as TensorFlow's generated code without depending on tensorflow (or on a
+    generated _pb2 file that pins a protobuf version). Field numbers and types are those of the .proto files."""
+    T = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="imgcls/tf_example.proto", package="tensorflow", syntax="proto3")
+
+    def message(name: str, *fields: tuple[str, int, int, int, str | None]) -> descriptor_pb2.DescriptorProto:
+        msg = proto.message_type.add(name=name)
+        for field_name, number, type_, label, type_name in fields:
+            f = msg.field.add(name=field_name, number=number, type=type_, label=label)
+            if type_name:
+                f.type_name = type_name
+        return msg
+
+    rep, opt = T.LABEL_REPEATED, T.LABEL_OPTIONAL
+    message("BytesList", ("value", 1, T.TYPE_BYTES, rep, None))
+    message("FloatList", ("value", 1, T.TYPE_FLOAT, rep, None))
+    message("Int64List", ("value", 1, T.TYPE_INT64, rep, None))
+    feature = message(
+        "Feature",
+        ("bytes_list", 1, T.TYPE_MESSAGE, opt, ".tensorflow.BytesList"),
+        ("float_list", 2, T.TYPE_MESSAGE, opt, ".tensorflow.FloatList"),
+        ("int64_list", 3, T.TYPE_MESSAGE, opt, ".tensorflow.Int64List"),
+    )
+    feature.oneof_decl.add(name="kind")
+    for f in feature.field:
+        f.oneof_index = 0
+    features = message("Features", ("feature", 1, T.TYPE_MESSAGE, rep, ".tensorflow.Features.FeatureEntry"))
+    entry = features.nested_type.add(name="FeatureEntry")  # proto3 `map<string, Feature>` is this nested type
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=T.TYPE_STRING, label=opt)
+    entry.field.add(name="value", number=2, type=T.TYPE_MESSAGE, label=opt, type_name=".tensorflow.Feature")
+    message("Example", ("features", 1, T.TYPE_MESSAGE, opt, ".tensorflow.Features"))
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    file = pool.FindFileByName(proto.name)
+    return {name: message_factory.GetMessageClass(file.message_types_by_name[name]) for name in ("Example",)}
+
+
+def encode_example(image: bytes, label: int, filename: str | None = None, synset: str | None = None) -> bytes:
+    """A serialized tf.train.Example with TF1 build_imagenet_data.py's features that the readers use
+    (image/encoded, image/class/label, image/filename, image/class/synset); deterministic bytes (map keys
+    sorted)."""
+    example = _example_classes()["Example"]()
+    feature = example.features.feature
+    feature[IMAGE_KEY].bytes_list.value.append(image)
+    feature[LABEL_KEY].int64_list.value.append(int(label))
+    if filename is not None:
+        feature[FILENAME_KEY].bytes_list.value.append(filename.encode())
+    if synset is not None:
+        feature[SYNSET_KEY].bytes_list.value.append(synset.encode())
+    return example.SerializeToString(deterministic=True)
+
+
+def decode_example(data: bytes, where: str = "") -> tuple[bytes, int, str | None]:
+    """(image bytes, stored label, image/filename or None) of a serialized tf.train.Example."""
+    example = _example_classes()["Example"]()
+    try:
+        example.ParseFromString(data)
+    except Exception:  # protobuf's DecodeError; upb raises its own subclass
+        raise DataError(f"{where}: not a tf.train.Example") from None
+    feature = example.features.feature
+    if IMAGE_KEY not in feature or not feature[IMAGE_KEY].bytes_list.value:
+        raise DataError(f"{where}: the tf.train.Example has no '{IMAGE_KEY}' bytes feature")
+    if LABEL_KEY not in feature or not feature[LABEL_KEY].int64_list.value:
+        raise DataError(f"{where}: the tf.train.Example has no '{LABEL_KEY}' int64 feature")
+    name = None
+    if FILENAME_KEY in feature and feature[FILENAME_KEY].bytes_list.value:
+        name = feature[FILENAME_KEY].bytes_list.value[0].decode(errors="replace")
+    return feature[IMAGE_KEY].bytes_list.value[0], int(feature[LABEL_KEY].int64_list.value[0]), name
+
+
+# --- framing ----------------------------------------------------------------------------------------------
+
+def write_record(out: BinaryIO, data: bytes) -> int:
+    """Append one framed record; returns the bytes written (the DALI index's record length)."""
+    length = struct.pack("<Q", len(data))
+    out.write(length + struct.pack("<I", masked_crc(length)) + data + _FOOTER.pack(masked_crc(data)))
+    return _HEADER.size + len(data) + _FOOTER.size
+
+
+def iter_records(data: bytes, where: str = "") -> Iterator[bytes]:
+    """The records of a whole TFRecord file in memory, checksums verified (a truncated or corrupt shard is
+    one DataError naming the record and offset, not a protobuf error later)."""
+    view = memoryview(data)
+    offset, number = 0, 0
+    while offset < len(data):
+        if offset + _HEADER.size > len(data):
+            raise DataError(f"{where}: truncated TFRecord (record {number} at byte {offset} has no full header)")
+        length, length_crc = _HEADER.unpack_from(data, offset)
+        if masked_crc(data[offset : offset + 8]) != length_crc:
+            raise DataError(f"{where}: not a TFRecord file or corrupt (bad length checksum of record {number} "
+                            f"at byte {offset})")
+        start = offset + _HEADER.size
+        end = start + length
+        if end + _FOOTER.size > len(data):
+            raise DataError(f"{where}: truncated TFRecord (record {number} at byte {offset} ends past the file)")
+        record = bytes(view[start:end])
+        if masked_crc(record) != _FOOTER.unpack_from(data, end)[0]:
+            raise DataError(f"{where}: corrupt TFRecord (bad data checksum of record {number} at byte {offset})")
+        yield record
+        offset, number = end + _FOOTER.size, number + 1
+
+
+def scan_file(path: str | Path) -> list[tuple[int, int]]:
+    """(offset, length) of each record of a TFRecord file, reading only the 12-byte headers (seeking past the
+    data): the DALI index and the record count of a shard without reading it."""
+    spans = []
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                raise DataError(f"{path}: truncated TFRecord (record {len(spans)} at byte {offset})")
+            length, length_crc = _HEADER.unpack(header)
+            if masked_crc(header[:8]) != length_crc:
+                raise DataError(f"{path}: not a TFRecord file or corrupt (bad length checksum at byte {offset})")
+            total = _HEADER.size + length + _FOOTER.size
+            if offset + total > size:
+                raise DataError(f"{path}: truncated TFRecord (record {len(spans)} at byte {offset} ends past the file)")
+            spans.append((offset, total))
+            offset += total
+            f.seek(offset)
+    return spans
+
+
+# --- DALI index files -------------------------------------------------------------------------------------
+
+def index_text(spans: list[tuple[int, int]]) -> str:
+    """DALI's tfrecord2idx format (its bin/tfrecord2idx script): one "offset length" line per record, the
+    length including the 16 bytes of framing."""
+    return "".join(f"{offset} {length}\n" for offset, length in spans)
+
+
+def dali_index_files(local_paths: list[str], index_dir: str | None, cache_dir: str) -> list[str]:
+    """The DALI index file of each local TFRecord file: INDEX_DIR/NAME.idx if given and present, else
+    SHARD_DIR/dali_idx/NAME.idx if present, else one made once (atomically: ranks racing write the same
+    bytes) under CACHE_DIR/dali_idx/, keyed by the shard's path, size and mtime. Never written into the
+    user's data folder."""
+    found = []
+    for path in local_paths:
+        name = os.path.basename(path)
+        candidates = ([Path(index_dir) / f"{name}.idx"] if index_dir else []) + [
+            Path(path).parent / "dali_idx" / f"{name}.idx"
+        ]
+        existing = next((c for c in candidates if c.is_file()), None)
+        if existing is None:
+            stat = os.stat(path)
+            key = hashlib.sha1(f"{os.path.realpath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+            existing = Path(cache_dir) / "dali_idx" / key[:16] / f"{name}.idx"
+            if not existing.is_file():
+                text = index_text(scan_file(path))
+                write_atomic(existing, lambda tmp, text=text: tmp.write_text(text), what="DALI index file")
+        found.append(str(existing))
+    return found
+
+
+def index_count(path: str | Path) -> int:
+    """The number of records a DALI index file lists."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
