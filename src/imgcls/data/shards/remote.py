@@ -1,0 +1,315 @@
+"""Shard files behind URLs (s3://, gs://, https://, pipe:CMD): read through fsspec, copied once into a local cache.
+
+Both backends read local files (DALI's readers take paths; the torchvision path reads a shard whole), so a
+remote shard is downloaded into `data.shard_cache` before it is read, at
+`CACHE/<scheme>/<bucket-or-host>/<path>` (readable, the same across runs). A cached copy is reused only when
+its size equals the remote object's (one `info` request); a changed object is downloaded again.
+
+A download goes to a temp file (mkstemp, in the cache folder) that is renamed over the cache path only when
+complete and of the listed size: a killed or failed download never leaves a short file under the shard's
+name. Several ranks and DataLoader workers can ask for the same shard at once: a lock file next to the copy
+makes the others wait for the first download instead of repeating it; where the filesystem cannot lock
+(some NFS mounts) each downloads its own temp file, and the renames replace one complete copy by another.
+
+Every failure (no such object or bucket, no credentials, connection refused, a missing fsspec
+implementation such as gcsfs) is one DataError line naming the URL, the reason and the key to change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import posixpath
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from imgcls.errors import ConfigError, DataError, StorageError
+
+log = logging.getLogger(__name__)
+
+PIPE = "pipe:"
+_CHUNK = 1 << 20
+
+
+def is_remote(path: str) -> bool:
+    """True for a URL imgcls must fetch (s3://, gs://, https://, pipe:CMD); False for a local path or file://."""
+    path = str(path)
+    if path.startswith(PIPE):
+        return True
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.lower() not in ("file", "local") and "/" not in scheme
+
+
+def read_text(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """The whole text of a small file (a manifest): local, remote, or the stdout of `pipe:CMD`."""
+    url = str(url)
+    if not is_remote(url):
+        path = _local_path(url)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise DataError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    if url.startswith(PIPE):
+        with tempfile.TemporaryFile() as out:
+            _run_pipe(url, out)
+            out.seek(0)
+            return out.read().decode("utf-8")
+    fs, path = _filesystem(url, storage_options)
+    try:
+        _invalidate(fs, path)
+        return fs.cat_file(path).decode("utf-8")
+    except Exception as exc:  # fsspec implementations raise their own types (botocore, aiohttp): one line each
+        raise _failure("read", url, exc) from None
+
+
+def list_names(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The names of the files directly in the folder `url` (not sub-folders), sorted."""
+    url = str(url).rstrip("/")
+    if not is_remote(url):
+        path = _local_path(url)
+        try:
+            return sorted(e.name for e in os.scandir(path) if e.is_file())
+        except OSError as exc:
+            raise DataError(f"cannot list {path}: {exc.strerror or type(exc).__name__}") from None
+    if url.startswith(PIPE):
+        raise DataError(f"cannot list the files of {url}: a pipe: root needs a manifest.json "
+                        "(python -m imgcls.data.shard writes one)")
+    fs, path = _filesystem(url, storage_options)
+    try:
+        _invalidate(fs, path)
+        entries = fs.ls(path, detail=True)
+    except Exception as exc:
+        raise _failure("list", url, exc) from None
+    return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "file")
+
+
+def cache_path(url: str, cache_dir: str) -> str:
+    """Where `local_copy` keeps `url`: CACHE/<scheme>/<bucket-or-host>/<path>; pipe:CMD under
+    CACHE/pipe/<hash of CMD>/<the command's last file name>."""
+    cache_dir = os.path.abspath(os.path.expanduser(str(cache_dir)))
+    if url.startswith(PIPE):
+        command = url[len(PIPE):]
+        words = shlex.split(command) if command.strip() else [""]
+        name = posixpath.basename(urlsplit(words[-1]).path) or "stdout"
+        parts = ["pipe", hashlib.sha256(command.encode()).hexdigest()[:16], name]
+    else:
+        split = urlsplit(url)
+        parts = [split.scheme.lower(), split.netloc, *split.path.split("/")]
+        if split.query:  # a signed https URL: same object, other query -> its own file
+            parts[-1] += "-" + hashlib.sha256(split.query.encode()).hexdigest()[:12]
+    parts = [p for p in parts if p]
+    if any(p in (".", "..") or os.sep in p for p in parts) or len(parts) < 3:
+        raise DataError(f"cannot cache {url}: not a file URL (a '..' or '.' segment, or no file name)")
+    return os.path.join(cache_dir, *parts)
+
+
+def local_copy(url: str, cache_dir: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """A local path holding the bytes of `url`: the path itself when local, else a copy under `cache_dir`,
+    downloaded once (reused while its size equals the remote size), atomically; safe when several processes
+    ask at once. pipe:CMD runs CMD once and keeps its stdout (there is no remote size to compare: delete the
+    copy to fetch it again)."""
+    url = str(url)
+    if not is_remote(url):
+        return _local_path(url)
+    target = cache_path(url, cache_dir)
+    if url.startswith(PIPE):
+        if not os.path.exists(target):
+            with _lock(target):
+                if not os.path.exists(target):
+                    _download(url, target, lambda tmp: _run_pipe_to(url, tmp), size=None)
+        return target
+    fs, path = _filesystem(url, storage_options)
+    size = _remote_size(fs, path, url)
+    if _cached_size(target) == size:
+        return target
+    with _lock(target):
+        if _cached_size(target) != size:  # another process may have fetched it while we waited
+            log.info("downloading %s (%d bytes) to %s", url, size, target)
+            _download(url, target, lambda tmp: _copy_remote(fs, path, url, tmp), size=size)
+    return target
+
+
+# -- internals -----------------------------------------------------------------------------------------------
+
+
+def _local_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _plain(options: Any) -> Any:
+    """OmegaConf containers -> dicts and lists: fsspec and botocore's Config want plain ones."""
+    if isinstance(options, Mapping):
+        return {str(k): _plain(v) for k, v in options.items()}
+    if isinstance(options, Sequence) and not isinstance(options, (str, bytes)):
+        return [_plain(v) for v in options]
+    return options
+
+
+def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    import fsspec  # import cost (~0.3 s with aiohttp) only for a run that reads URLs
+
+    scheme = url.partition("://")[0].lower()
+    options = _plain(storage_options or {})
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError:
+        from fsspec.registry import known_implementations
+
+        known = known_implementations.get(scheme, {})
+        package = known.get("class", "").split(".")[0] or f"an fsspec implementation for {scheme}://"
+        raise DataError(f"cannot read {url}: {scheme}:// needs the package {package} (pip install {package})") from None
+    except ValueError as exc:
+        raise DataError(f"cannot read {url}: {str(exc).splitlines()[0]}") from None
+    except TypeError as exc:  # an option the filesystem does not take
+        raise ConfigError(f"data.storage_options={options} is not accepted for {scheme}://: "
+                          f"{str(exc).splitlines()[0]}") from None
+
+
+def _invalidate(fs: Any, path: str) -> None:
+    # fsspec keeps directory listings per filesystem instance (instances are shared within a process): a
+    # listing made earlier must not stand in for the object's current size.
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(path)
+
+
+def _remote_size(fs: Any, path: str, url: str) -> int:
+    _invalidate(fs, path)
+    try:
+        info = fs.info(path)
+    except Exception as exc:
+        raise _failure("read", url, exc) from None
+    size = info.get("size")
+    if info.get("type") == "directory" or size is None:
+        raise DataError(f"cannot read {url}: not a file (a folder, or a server that does not state its size)")
+    return int(size)
+
+
+def _cached_size(target: str) -> int | None:
+    try:
+        return os.stat(target).st_size
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _lock(target: str) -> Iterator[None]:
+    folder = os.path.dirname(target)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create {folder} (data.shard_cache): {exc.strerror or type(exc).__name__}") from None
+    lock_path = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield  # cannot make a lock file: each process downloads its own temp file (still atomic)
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _download(url: str, target: str, fetch: Any, size: int | None) -> None:
+    """fetch(temp path) writes the bytes; they become `target` only when complete."""
+    folder = os.path.dirname(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".part", dir=folder)
+    try:
+        os.close(fd)
+        fetch(tmp)
+        got = os.stat(tmp).st_size
+        if size is not None and got != size:
+            raise DataError(f"cannot read {url}: the download stopped at {got} of {size} bytes")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
+            raise StorageError(f"cannot write {target} (data.shard_cache): "
+                               f"{exc.strerror or type(exc).__name__}") from None
+        raise
+
+
+def _copy_remote(fs: Any, path: str, url: str, tmp: str) -> None:
+    # get_file is one sequential GET (s3fs resumes it with a Range on a dropped connection). Not fs.open +
+    # read: fsspec's HTTP file reads in ranges and takes a short 200 reply from a server that ignores Range
+    # for the range asked, so a changed object came back as its first half twice, at the listed size.
+    try:
+        fs.get_file(path, tmp)
+    except OSError as exc:
+        if exc.errno in _LOCAL_WRITE_ERRORS:  # the cache disk, not the server
+            raise StorageError(f"cannot write in {os.path.dirname(tmp)} (data.shard_cache): {exc.strerror}") from None
+        raise _failure("read", url, exc) from None
+    except Exception as exc:
+        raise _failure("read", url, exc) from None
+
+
+_LOCAL_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _run_pipe_to(url: str, tmp: str) -> None:
+    with open(tmp, "wb") as out:
+        _run_pipe(url, out)
+
+
+def _run_pipe(url: str, out: Any) -> None:
+    # webdataset's `pipe:` convention: the rest of the URL is a shell command whose stdout is the file
+    # (curl, aws s3 cp - , gsutil cat ...); its stderr goes to ours, where the user sees the tool's message.
+    command = url[len(PIPE):]
+    try:
+        proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE)
+    except OSError as exc:
+        raise DataError(f"cannot run {url}: {exc.strerror or type(exc).__name__}") from None
+    assert proc.stdout is not None
+    try:
+        shutil.copyfileobj(proc.stdout, out, _CHUNK)
+    finally:
+        proc.stdout.close()
+        code = proc.wait()
+    if code != 0:
+        raise DataError(f"cannot read {url}: the command exited with code {code}")
+
+
+def _failure(verb: str, url: str, exc: BaseException) -> Exception:
+    chain = [exc] + ([exc.__cause__] if exc.__cause__ is not None else [])
+    for e in chain:
+        if isinstance(e, TypeError):  # fsspec hands unknown options to the client, which refuses them there
+            return ConfigError(f"data.storage_options is not accepted for {url}: {str(e).splitlines()[0]}")
+    return DataError(f"cannot {verb} {url}: {_reason(chain)}")
+
+
+_CONNECTION = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ClientConnectorError",
+               "ConnectionError", "ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "TimeoutError"}
+
+
+def _reason(chain: list[BaseException]) -> str:
+    """One line for an fsspec/botocore/aiohttp failure, with the setting that usually fixes it. `chain`: the
+    exception and its cause (fsspec's HTTP filesystem reports any failed request as FileNotFoundError)."""
+    exc = chain[0]
+    names = {c.__name__ for e in chain for c in type(e).__mro__}
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "NoCredentialsError" in names or "PartialCredentialsError" in names:
+        return (f"no credentials ({text}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
+                "data.storage_options.key/secret, or data.storage_options.anon=true for a public bucket")
+    if names & _CONNECTION:
+        cause = chain[-1]
+        detail = " ".join(str(cause).split()) or type(cause).__name__
+        return f"cannot connect ({detail}); check the network and data.storage_options.endpoint_url"
+    if isinstance(exc, FileNotFoundError):
+        return f"no such object or bucket ({text})"
+    if isinstance(exc, PermissionError):
+        return f"access denied ({text}); check the credentials and data.storage_options"
+    return f"{type(exc).__name__}: {text}"

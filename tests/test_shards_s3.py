@@ -1,0 +1,272 @@
+"""Remote shards (imgcls.data.shards.remote) against real servers on 127.0.0.1: moto's S3 server (the real
+HTTP protocol, s3fs + botocore as users run them) and a small HTTP server that can cut a download short."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from imgcls.data.shards import remote
+from imgcls.errors import ConfigError, DataError
+
+BUCKET = "imgcls-shards"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
+
+
+class _RequestLog(logging.Handler):
+    """The S3 server's own access log (werkzeug's, one record per request served): counts real GETs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def gets(self, key: str) -> int:
+        return sum(f"GET /{BUCKET}/{key} HTTP" in line for line in self.lines)  # lines may carry colour codes
+
+
+class S3:
+    def __init__(self, endpoint: str, requests: _RequestLog) -> None:
+        import boto3
+
+        self.endpoint = endpoint
+        self.requests = requests
+        self.client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                                   aws_secret_access_key="testing", region_name="us-east-1")
+        self.options = {"endpoint_url": endpoint, **CREDENTIALS}
+
+    def put(self, key: str, data: bytes) -> str:
+        self.client.put_object(Bucket=BUCKET, Key=key, Body=data)
+        return f"s3://{BUCKET}/{key}"
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3]:
+    from moto.server import ThreadedMotoServer
+
+    requests = _RequestLog()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(requests)
+    werkzeug.setLevel(logging.INFO)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    store = S3(f"http://{host}:{port}", requests)
+    store.client.create_bucket(Bucket=BUCKET)
+    yield store
+    server.stop()
+    werkzeug.removeHandler(requests)
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def test_is_remote() -> None:
+    assert all(map(remote.is_remote, ["s3://b/k", "gs://b/k", "https://h/k", "pipe:cat x"]))
+    assert not any(map(remote.is_remote, ["/data/imagenet", "relative/dir", "file:///data/x", "C:/x"]))
+
+
+def test_local_copy_downloads_once_and_refreshes_a_changed_object(s3: S3, tmp_path: Path) -> None:
+    key = "once/train-00000-of-00001.tar"
+    first = os.urandom(300_000)
+    url = s3.put(key, first)
+    path = remote.local_copy(url, str(tmp_path), s3.options)
+    assert path == str(tmp_path / "s3" / BUCKET / key)
+    assert Path(path).read_bytes() == first
+    assert s3.requests.gets(key) == 1
+
+    assert remote.local_copy(url, str(tmp_path), s3.options) == path
+    assert s3.requests.gets(key) == 1, "a cached copy of the listed size is downloaded again"
+
+    second = os.urandom(200_000)
+    s3.put(key, second)
+    assert Path(remote.local_copy(url, str(tmp_path), s3.options)).read_bytes() == second
+    assert s3.requests.gets(key) == 2
+    assert [n for n in _files(tmp_path) if ".part" in n] == []
+
+
+def test_a_truncated_copy_is_replaced_and_temp_files_are_not_used(s3: S3, tmp_path: Path) -> None:
+    """What a download killed by an older tool (or a full disk) would leave: a short file at the cache path
+    and a stray temp file next to it. Neither is taken for the shard."""
+    key = "partial/train-00000-of-00001.tar"
+    data = os.urandom(100_000)
+    url = s3.put(key, data)
+    target = Path(remote.cache_path(url, str(tmp_path)))
+    target.parent.mkdir(parents=True)
+    target.write_bytes(data[:50_000])
+    (target.parent / f".{target.name}.abc123.part").write_bytes(data)
+    assert Path(remote.local_copy(url, str(tmp_path), s3.options)).read_bytes() == data
+
+
+def test_concurrent_callers_share_one_download(s3: S3, tmp_path: Path) -> None:
+    key = "concurrent/train-00000-of-00001.tar"
+    data = os.urandom(2_000_000)
+    url = s3.put(key, data)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: remote.local_copy(url, str(tmp_path), s3.options), range(4)))
+    assert len(set(paths)) == 1 and Path(paths[0]).read_bytes() == data
+    assert s3.requests.gets(key) == 1, "the lock file should make the other callers wait for the first download"
+
+
+def test_list_names_and_read_text(s3: S3) -> None:
+    s3.put("listing/manifest.json", b'{"format": "webdataset"}')
+    s3.put("listing/train-00001-of-00002.tar", b"b")
+    s3.put("listing/train-00000-of-00002.tar", b"a")
+    s3.put("listing/sub/deeper.tar", b"c")
+    root = f"s3://{BUCKET}/listing"
+    assert remote.list_names(root + "/", s3.options) == [
+        "manifest.json", "train-00000-of-00002.tar", "train-00001-of-00002.tar"]
+    assert remote.read_text(root + "/manifest.json", s3.options) == '{"format": "webdataset"}'
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "expected"),
+    [
+        (f"s3://{BUCKET}/missing/train-0.tar", "s3", f"cannot read s3://{BUCKET}/missing/train-0.tar: no such object"),
+        ("s3://no-such-bucket/train-0.tar", "s3", "cannot read s3://no-such-bucket/train-0.tar: no such object or "
+                                                  "bucket (The specified bucket does not exist)"),
+        ("s3://imgcls-shards/x.tar", {"endpoint_url": "http://127.0.0.1:9", **CREDENTIALS,
+                                      "config_kwargs": {"retries": {"max_attempts": 1}}},
+         "cannot read s3://imgcls-shards/x.tar: cannot connect (Could not connect to the endpoint URL"),
+        ("gs://bucket/train-0.tar", {}, "cannot read gs://bucket/train-0.tar: gs:// needs the package gcsfs "
+                                        "(pip install gcsfs)"),
+        ("https://127.0.0.1:9/train-0.tar", {}, "cannot read https://127.0.0.1:9/train-0.tar: cannot connect"),
+    ],
+)
+def test_errors_are_one_line(s3: S3, tmp_path: Path, url: str, options: object, expected: str) -> None:
+    with pytest.raises(DataError) as info:
+        remote.local_copy(url, str(tmp_path), s3.options if options == "s3" else options)
+    message = str(info.value)
+    assert message.startswith(expected) and "\n" not in message, message
+    assert _files(tmp_path) == [], "a failed download leaves nothing in the cache"
+
+
+def test_no_credentials_is_one_line(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no 1 s wait for an instance-metadata server
+    # skip_instance_cache: fsspec would hand back an S3FileSystem made earlier with credentials in the env
+    options = {"endpoint_url": s3.endpoint, "skip_instance_cache": True}
+    with pytest.raises(DataError, match=r"^cannot read s3://imgcls-shards/k\.tar: no credentials .*AWS_ACCESS_KEY_ID"):
+        remote.local_copy(f"s3://{BUCKET}/k.tar", str(tmp_path / "cache"), options)
+
+
+def test_an_unknown_storage_option_names_the_key(s3: S3, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^data\.storage_options is not accepted .*'endpointurl'"):
+        remote.local_copy(f"s3://{BUCKET}/k.tar", str(tmp_path), {"endpointurl": s3.endpoint, **CREDENTIALS})
+
+
+def test_pipe_runs_once_and_caches_stdout(tmp_path: Path) -> None:
+    source = tmp_path / "train-00000-of-00001.tar"
+    source.write_bytes(os.urandom(70_000))
+    cache = tmp_path / "cache"
+    url = f"pipe:cat {source}"
+    path = remote.local_copy(url, str(cache), {})
+    assert Path(path).name == source.name and Path(path).read_bytes() == source.read_bytes()
+    source.write_bytes(b"changed")  # no remote size to compare: the copy stands until deleted (documented)
+    assert Path(remote.local_copy(url, str(cache), {})).read_bytes() != b"changed"
+    assert remote.read_text(f"pipe:echo {'{}'}", {}) == "{}\n"
+
+
+def test_a_failing_pipe_leaves_no_copy(tmp_path: Path) -> None:
+    source = tmp_path / "train-00000-of-00001.tar"
+    source.write_bytes(os.urandom(70_000))
+    url = f"pipe:head -c 1000 {source}; exit 3"  # some bytes, then a failure: they must not become the shard
+    with pytest.raises(DataError, match=r"^cannot read pipe:head .*: the command exited with code 3$"):
+        remote.local_copy(url, str(tmp_path / "cache"), {})
+    assert [n for n in _files(tmp_path / "cache") if not n.endswith(".lock")] == []
+
+
+# -- a download cut short: the server disconnects, or the process is killed mid-transfer ----------------------
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Serves /full (DATA), /cut (states len(DATA), sends half, closes), /stall (half, then waits), /shrunk
+    (HEAD states len(DATA), GET sends a complete shorter body: the object changed between the two requests)."""
+
+    data = b""
+    stall = threading.Event()
+
+    def _head(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.data)))
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+        self._head()
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.endswith("/shrunk"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.data) // 2))
+            self.end_headers()
+            self.wfile.write(self.data[: len(self.data) // 2])
+            return
+        self._head()
+        if self.path.endswith("/full"):
+            self.wfile.write(self.data)
+            return
+        self.wfile.write(self.data[: len(self.data) // 2])
+        self.wfile.flush()
+        if self.path.endswith("/stall"):
+            self.stall.wait(30)
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    _Handler.data = os.urandom(1_000_000)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    _Handler.stall.set()
+    server.shutdown()
+
+
+def test_https_path_and_a_server_that_disconnects(http_server: str, tmp_path: Path) -> None:
+    path = remote.local_copy(f"{http_server}/shards/full", str(tmp_path), {})
+    assert path == str(tmp_path / "http" / http_server.split("//")[1] / "shards" / "full")
+    assert Path(path).read_bytes() == _Handler.data
+    with pytest.raises(DataError, match=rf"^cannot read {http_server}/shards/cut: "):
+        remote.local_copy(f"{http_server}/shards/cut", str(tmp_path), {})
+    assert sorted(p.name for p in (tmp_path / "http").rglob("*") if p.is_file() and "cut" in p.name) == [
+        ".cut.lock"], "a cut download leaves no file but the lock"
+    with pytest.raises(DataError, match=r"shards/shrunk: the download stopped at 500000 of 1000000 bytes$"):
+        remote.local_copy(f"{http_server}/shards/shrunk", str(tmp_path), {})
+    assert not Path(remote.cache_path(f"{http_server}/shards/shrunk", str(tmp_path))).exists()
+
+
+def test_a_killed_download_leaves_no_shard(http_server: str, tmp_path: Path) -> None:
+    url = f"{http_server}/shards/stall"
+    code = f"from imgcls.data.shards.remote import local_copy; local_copy({url!r}, {str(tmp_path)!r}, {{}})"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    target = Path(remote.cache_path(url, str(tmp_path)))
+    deadline = time.monotonic() + 30
+    while not any(p.name.endswith(".part") for p in target.parent.glob(".*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the download never started"
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the transfer: the server has sent half and holds the connection open
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not target.exists(), "a killed download must not leave a file under the shard's name"
