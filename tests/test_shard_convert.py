@@ -365,3 +365,57 @@ def test_a_non_empty_destination_is_refused_and_untouched(
     out = capsys.readouterr()
     assert f"wrote {empty / 'manifest.json'}" in out.out and "train -> webdataset" in out.err
     assert sorted(os.listdir(empty)) == ["manifest.json", "train-00000-of-00001.tar", "validation-00000-of-00001.tar"]
+
+
+# --- URL roots (through shards/remote.py, against moto's real S3 server on 127.0.0.1) -----------------------
+
+def test_a_url_root_opens_from_its_manifest_or_a_scan_of_copies(converted: dict[str, Path], tmp_path: Path) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket="data")
+        for path in converted["webdataset"].iterdir():
+            client.put_object(Bucket="data", Key=f"wds/{path.name}", Body=path.read_bytes())
+        for path in converted["tfrecord"].iterdir():  # NVIDIA-style: no manifest, no index files
+            if path.is_file() and path.name != "manifest.json":
+                client.put_object(Bucket="data", Key=f"tf1/{path.name}", Body=path.read_bytes())
+        cache = tmp_path / "cache"
+        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+        cfg = {"format": "webdataset", "storage_options": options, "shard_cache": str(cache)}
+
+        wds = open_shard_set({**cfg, "root": "s3://data/wds/"})
+        assert wds.splits["train"][3].url == "s3://data/wds/train-00003-of-00004.tar"
+        assert wds.count("train") == 26 and wds.classes == ["class_0", "class_1", "class_2"]
+        assert not cache.exists()  # counts from the manifest: no shard downloaded
+
+        tf1 = open_shard_set({**cfg, "root": "s3://data/tf1", "format": "tfrecord", "num_classes": 3})
+        assert [s.count for s in tf1.splits["train"]] == [6, 7, 6, 7] and tf1.label_base == 1
+        assert (cache / "s3" / "data" / "tf1" / "train-00000-of-00004").is_file()  # copied once to be scanned
+
+        with pytest.raises(DataError) as info:
+            open_shard_set({**cfg, "root": "s3://data/nothing-here", "num_classes": 3})
+        assert "cannot be listed (cannot list s3://data/nothing-here: no such" in str(info.value)
+        assert "\n" not in str(info.value)
+    finally:
+        server.stop()
+
+
+def test_a_manifest_may_name_shards_by_url_or_absolute_path(converted: dict[str, Path], tmp_path: Path) -> None:
+    manifest = json.loads((converted["webdataset"] / "manifest.json").read_text())
+    first = manifest["splits"]["train"]["shards"][0]
+    first["name"] = f"pipe:cat {converted['webdataset'] / first['name']}"
+    manifest["splits"]["val"]["shards"][0]["name"] = str(converted["webdataset"] / "validation-00000-of-00002.tar")
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    for shard in manifest["splits"]["train"]["shards"][1:] + manifest["splits"]["val"]["shards"][1:]:
+        shutil.copy(converted["webdataset"] / shard["name"], tmp_path / shard["name"])
+    shard_set = open_shard_set({"root": str(tmp_path), "format": "webdataset"})
+    assert shard_set.splits["train"][0].url == first["name"]
+    assert shard_set.splits["train"][1].url == str(tmp_path / "train-00001-of-00004.tar")
+    assert shard_set.splits["val"][0].url == str(converted["webdataset"] / "validation-00000-of-00002.tar")

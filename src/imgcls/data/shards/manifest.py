@@ -65,6 +65,11 @@ def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}" if remote.is_remote(root) else str(Path(root) / name)
 
 
+def _shard_url(root: str, name: str) -> str:
+    """A manifest's shard name is relative to ROOT, or a URL or absolute path of its own (pipe:CMD shards)."""
+    return name if remote.is_remote(name) or os.path.isabs(name) else _join(root, name)
+
+
 def open_shard_set(cfg: Any) -> ShardSet:
     """The ShardSet of a data config (root, format, label_base, num_classes, index_dir, shard_cache,
     storage_options), with one-line DataError/ConfigError on the user's mistakes."""
@@ -87,7 +92,7 @@ def open_shard_set(cfg: Any) -> ShardSet:
 
     document = _read_manifest(root, options, is_url)
     if document is not None:
-        classes, stored_base, splits = _from_manifest(document, root, fmt, is_url)
+        classes, stored_base, splits = _from_manifest(document, root, fmt)
     else:
         classes = _classes_without_manifest(_get(cfg, "num_classes"), root)
         stored_base = DEFAULT_LABEL_BASE[fmt]
@@ -108,9 +113,18 @@ def open_shard_set(cfg: Any) -> ShardSet:
 def _read_manifest(root: str, options: Any, is_url: bool) -> dict | None:
     path = _join(root, MANIFEST)
     if is_url:
-        if MANIFEST not in remote.list_names(root, options):
+        try:
+            text = remote.read_text(path, options)
+        except DataError as exc:
+            # No manifest (then the shard names), or no access at all? A listing tells.
+            try:
+                names = remote.list_names(root, options)
+            except DataError as list_exc:
+                raise DataError(f"data.root={root} has no readable {MANIFEST} ({exc}) and cannot be listed "
+                                f"({list_exc})") from None
+            if MANIFEST in names:
+                raise
             return None
-        text = remote.read_text(path, options)
     else:
         if not os.path.isfile(path):
             return None
@@ -124,7 +138,7 @@ def _read_manifest(root: str, options: Any, is_url: bool) -> dict | None:
     return document
 
 
-def _from_manifest(document: dict, root: str, fmt: str, is_url: bool) -> tuple[list[str], int, dict[str, list[Shard]]]:
+def _from_manifest(document: dict, root: str, fmt: str) -> tuple[list[str], int, dict[str, list[Shard]]]:
     path = _join(root, MANIFEST)
     if document.get("format") != fmt:
         raise DataError(
@@ -134,19 +148,19 @@ def _from_manifest(document: dict, root: str, fmt: str, is_url: bool) -> tuple[l
     try:
         classes = [str(c) for c in document["classes"]]
         base = int(document["label_base"])
+        entries = {split: document["splits"][split]["shards"] for split in SPLITS}
         splits = {
-            split: [Shard(_join(root, str(s["name"])), int(s["count"])) for s in document["splits"][split]["shards"]]
-            for split in SPLITS
+            split: [Shard(_shard_url(root, str(e["name"])), int(e["count"])) for e in items]
+            for split, items in entries.items()
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{path} is not a complete shard manifest (bad or missing {exc})") from None
     for split, shards in splits.items():
         if not shards:
             raise DataError(f"{path} lists no {split} shards")
-        if not is_url:
-            missing = [s.url for s in shards if not os.path.isfile(s.url)]
-            if missing:
-                raise DataError(f"{path} lists {len(missing)} {split} shard(s) that are missing, e.g. {missing[0]}")
+        missing = [s.url for s in shards if not remote.is_remote(s.url) and not os.path.isfile(s.url)]
+        if missing:
+            raise DataError(f"{path} lists {len(missing)} {split} shard(s) that are missing, e.g. {missing[0]}")
     return classes, base, splits
 
 
