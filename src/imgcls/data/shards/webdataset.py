@@ -73,7 +73,9 @@ def iter_samples(data: bytes, where: str = "") -> Iterator[tuple[bytes, int, str
                 if key is not None:
                     yield _sample(key, members, where)
                 key, members = member_key, {}
-            members[ext.lower()] = tar.extractfile(info).read()
+            # A slice of the shard's bytes at the member's data offset: extractfile() builds a file object per
+            # member, which made reading 3x slower.
+            members[ext.lower()] = data[info.offset_data : info.offset_data + info.size]
     except tarfile.TarError as exc:
         raise DataError(f"{where}: truncated or corrupt tar ({exc})") from None
     if key is not None:
