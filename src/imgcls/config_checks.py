@@ -340,6 +340,13 @@ EVALUATE: dict[str, Check] = {
     "data.batch_size": POSITIVE_OR_NULL,
     "data.num_workers": integer(0, null=True),
     "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval resize for NGC files
+    # null: the checkpoint's value (shard datasets: docs/shards.md)
+    "data.format": lambda v: None if v is None else TRAIN["data.format"](v),
+    "data.label_base": anything,  # data/shards names what is allowed (auto, 0, 1)
+    "data.index_dir": anything,
+    "data.shard_cache": anything,
+    "data.storage_options": anything,  # a mapping of fsspec's options, checked by fsspec
+    "data.storage_options.*": anything,
     "batch_sizes": anything,  # bench/inference.py names the bad item
     "benchmark.warmup": COUNT,
     "benchmark.iterations": POSITIVE,

@@ -18,9 +18,12 @@ from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.samplers import ResumableDataLoader, ShardSampler
+from imgcls.data.shards.manifest import open_shard_set
+from imgcls.data.shards.remote import is_remote
+from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform
-from imgcls.errors import ConfigError
+from imgcls.errors import ConfigError, DataError
 
 
 class TorchvisionBackend:
@@ -38,10 +41,7 @@ class TorchvisionBackend:
     ) -> CheckedImageFolder:
         key = f"{split}@{image_size}@{augment_magnitude}"
         if key not in self._datasets:
-            cfg = self.cfg
-            if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
-                cfg = OmegaConf.merge(cfg, {"randaugment": with_magnitude(str(cfg.randaugment), augment_magnitude)})
-            transform = (train_transform if split == "train" else val_transform)(cfg, image_size)
+            transform = _transform(self.cfg, split, image_size, augment_magnitude)
             self._datasets[key] = CheckedImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
         return self._datasets[key]
 
@@ -63,6 +63,59 @@ class TorchvisionBackend:
         return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training, bad_images=self.bad_images)
 
 
+class ShardBackend:
+    """data.format=webdataset|tfrecord on the torchvision path: shard files read whole by the DataLoader
+    workers, the same PIL decoding, transforms and bad-image policy as the folder (data/shards/stream.py)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.shard_set = open_shard_set(cfg)
+        self.classes = list(self.shard_set.classes)
+        self._datasets: dict[str, ShardRecords] = {}
+        self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
+
+    def dataset(self, split: str, image_size: int | None = None, augment_magnitude: int | None = None) -> ShardRecords:
+        key = f"{split}@{image_size}@{augment_magnitude}"
+        if key not in self._datasets:
+            self._datasets[key] = ShardRecords(
+                self.shard_set,
+                split,
+                _transform(self.cfg, split, image_size, augment_magnitude),
+                self._cache_dir(),
+                OmegaConf.to_container(self.cfg.storage_options) if self.cfg.get("storage_options") else {},
+            )
+        return self._datasets[key]
+
+    def _cache_dir(self) -> str:
+        cache = self.cfg.get("shard_cache")  # null only from an older checkpoint's config (evaluate.py)
+        if cache is None and is_remote(str(self.cfg.root)):
+            raise ConfigError(f"data.shard_cache is not set; data.root={self.cfg.root} needs a local cache folder")
+        return str(cache or "")
+
+    def loader(
+        self,
+        split: str,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        image_size: int | None = None,
+        augment_magnitude: int | None = None,
+    ) -> DataLoader:
+        dataset = self.dataset(split, image_size, augment_magnitude)
+        training = split == "train"
+        counts = [s.count for s in self.shard_set.splits[split]]
+        if training and sum(counts) < world_size * batch_size:
+            raise DataError(
+                f"data.root={self.cfg.root} has {sum(counts)} train samples, fewer than one batch on each rank "
+                f"({world_size} x data.batch_size={batch_size})"
+            )
+        sampler = ShardStreamSampler(counts, rank, world_size, batch_size, int(self.cfg.num_workers), training, seed)
+        return _dataloader(
+            dataset, sampler, batch_size, self.cfg, drop_last=training, bad_images=StopOnRefused(self.bad_images)
+        )
+
+
 class SyntheticBackend:
     """Random tensors; measures the model without any input pipeline (NVIDIA --data-backend synthetic)."""
 
@@ -80,6 +133,12 @@ class SyntheticBackend:
         dataset = SyntheticImages(count, int(self.cfg.image_size), len(self.classes), seed=1 if training else 2)
         sampler = ShardSampler(count, rank, world_size, shuffle=training, seed=seed, drop_last=training)
         return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training)
+
+
+def _transform(cfg: Any, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:
+    if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
+        cfg = OmegaConf.merge(cfg, {"randaugment": with_magnitude(str(cfg.randaugment), augment_magnitude)})
+    return (train_transform if split == "train" else val_transform)(cfg, image_size)
 
 
 def _dataloader(
@@ -119,8 +178,13 @@ def _dali(device: str) -> Callable[[Any], Any]:
     return build
 
 
+def _torchvision(cfg: Any) -> Any:
+    # data.format is the layout on disk; the backend reads any of them (DALI: data/dali, its own readers).
+    return TorchvisionBackend(cfg) if str(cfg.get("format") or "folder") == "folder" else ShardBackend(cfg)
+
+
 BACKENDS: dict[str, Callable[[Any], Any]] = {
-    "torchvision": TorchvisionBackend,
+    "torchvision": _torchvision,
     "synthetic": SyntheticBackend,
     "dali_cpu": _dali("cpu"),  # DALI decode + augment on CPU threads (NVIDIA: DGX-1, DGX A100)
     "dali_gpu": _dali("gpu"),  # nvJPEG decode + GPU augment (NVIDIA: DGX-2)
