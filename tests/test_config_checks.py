@@ -79,6 +79,17 @@ def test_warmup_longer_than_the_run_warns(caplog: pytest.LogCaptureFixture) -> N
     assert caplog.records == []
 
 
+def test_the_cli_checks_before_importing_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """imgcls.cli checks the config before it imports the mode's module, which checks it again: the warning is
+    logged by the second check only."""
+    from imgcls.cli import run_train
+
+    cfg = compose_config(["experiment=demo", "recipe.epochs=8", "recipe.warmup_epochs=8", "mode=plan"])
+    with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
+        run_train(cfg)
+    assert [r.getMessage()[:45] for r in caplog.records] == ["recipe.warmup_epochs=8 is not shorter than th"]
+
+
 # --- the table covers the config --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def shipped_configs() -> list[DictConfig]:

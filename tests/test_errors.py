@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from imgcls.cli import guarded
 from imgcls.train import run
-from tests.conftest import compose_config, make_image_folder, run_cli, tiny_overrides
+from tests.conftest import ROOT, compose_config, make_image_folder, run_cli, tiny_overrides
 
 
 class InProcess:
@@ -48,6 +50,21 @@ def assert_one_line_error(result, *fragments: str) -> None:
 def test_unknown_group_choice(override: str, allowed: str) -> None:
     result = run_cli("train.py", override)
     assert_one_line_error(result, override, "allowed:", allowed)
+
+
+def test_a_bad_value_ends_before_torch_is_imported(tmp_path: Path) -> None:
+    """The commands import torch, timm and Lightning only for a config that passed its checks: a bad value costs
+    ~0.6 s of CPU instead of ~7 s (imgcls.cli). Was: imgcls.cli imported every command's module first."""
+    code = (
+        "import sys\n"
+        "from imgcls.cli import train_main\n"
+        f"sys.argv = ['train.py', 'recipe.epochs=0', 'hydra.run.dir={tmp_path}']\n"
+        "try:\n    train_main()\n"
+        "except SystemExit as exc:\n    print(exc.code, sorted({'torch', 'timm', 'lightning'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "2 []", (result.stdout, result.stderr[-1500:])
+    assert "imgcls: error: recipe.epochs=0 must be a positive integer" in result.stderr
 
 
 def test_unknown_choice_inside_a_sweep() -> None:

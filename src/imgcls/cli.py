@@ -6,6 +6,7 @@ and the `imgcls-*` console scripts all end up here. Nothing in imgcls imports th
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -19,14 +20,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from imgcls import classify, evaluate, export, plan, train
-from imgcls.bench import inference as benchmark_inference
-from imgcls.bench import training as benchmark_training
 from imgcls.config import options
+from imgcls.config_checks import EVALUATE, TRAIN, Check, check_config
 from imgcls.errors import ConfigError, UserError
 from imgcls.log_setup import route_library_logs
-from imgcls.plan import world_size_of
 from imgcls.rundir import launch_overrides, task_name
+
+# Nothing above imports torch, timm or Lightning: a command that ends with a one-line error (an unknown group
+# choice, a bad value, a missing ckpt=) exits in about a second instead of importing them first (~6 s of CPU).
+# The modules that do the work are imported by name once the config has passed its checks (`_function`).
 
 GROUPS = (
     "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment",
@@ -116,6 +118,8 @@ def refuse_in_process_ddp_sweep(cfg: DictConfig) -> None:
     starts each job as its own cluster job (submitit) is fine."""
     if not _in_multirun() or "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
         return
+    from imgcls.plan import world_size_of  # torch: only for a multirun
+
     try:
         world_size = world_size_of(cfg.trainer, check_devices=False)
     except UserError:
@@ -134,29 +138,38 @@ def _finish_wandb() -> None:
         wandb.finish()
 
 
-# The modes of each command (`mode=`): NVIDIA's benchmark_training / benchmark_inference next to the real thing.
-TRAIN_MODES: dict[str, Callable[[DictConfig], Any]] = {
-    "train": train.run, "benchmark": benchmark_training.run, "plan": plan.show
+# The modes of each command (`mode=`): NVIDIA's benchmark_training / benchmark_inference next to the real thing,
+# as "module:function" (imported when chosen), and the check table every mode of the command applies first.
+TRAIN_MODES: dict[str, str] = {
+    "train": "imgcls.train:run", "benchmark": "imgcls.bench.training:run", "plan": "imgcls.plan:show"
 }
-EVALUATE_MODES: dict[str, Callable[[DictConfig], Any]] = {
-    "evaluate": evaluate.run, "benchmark": benchmark_inference.run
-}
+EVALUATE_MODES: dict[str, str] = {"evaluate": "imgcls.evaluate:run", "benchmark": "imgcls.bench.inference:run"}
 
 
-def run_mode(modes: dict[str, Callable[[DictConfig], Any]], cfg: DictConfig) -> Any:
-    """Run the function of cfg.mode (each one checks the rest of the config itself)."""
+def _function(target: str) -> Callable[[DictConfig], Any]:
+    module, name = target.split(":")
+    function = getattr(importlib.import_module(module), name)
+    # Lightning, imported only now, after Hydra configured logging: its loggers go through Hydra's handlers.
+    route_library_logs()
+    return function
+
+
+def run_mode(modes: dict[str, str], cfg: DictConfig, table: dict[str, Check]) -> Any:
+    """Run the function of cfg.mode. Each one checks the config itself first; checking it here too (without
+    repeating warnings) reports a bad value before torch is imported, with the same line."""
     mode = str(cfg.get("mode") or next(iter(modes)))
     if mode not in modes:
         raise ConfigError(f"mode={mode} is not allowed; use {' or '.join(modes)}")
-    return modes[mode](cfg)
+    check_config(cfg, table, warn=False)
+    return _function(modes[mode])(cfg)
 
 
 def run_train(cfg: DictConfig) -> Any:
-    return run_mode(TRAIN_MODES, cfg)
+    return run_mode(TRAIN_MODES, cfg, TRAIN)
 
 
 def run_evaluate(cfg: DictConfig) -> Any:
-    return run_mode(EVALUATE_MODES, cfg)
+    return run_mode(EVALUATE_MODES, cfg, EVALUATE)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -176,7 +189,7 @@ def _evaluate(cfg: DictConfig) -> Any:
 @hydra.main(version_base="1.3", config_path="conf", config_name="classify")
 def _classify(cfg: DictConfig) -> Any:
     route_library_logs()
-    result = guarded(classify.run, cfg)
+    result = guarded(_function("imgcls.classify:run"), cfg)
     if result and result.get("failed"):
         sys.exit(1)  # some images could not be read; they were reported by name, the others classified
     return result
@@ -185,7 +198,7 @@ def _classify(cfg: DictConfig) -> Any:
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export(cfg: DictConfig) -> Any:
     route_library_logs()
-    return guarded(export.run, cfg)
+    return guarded(_function("imgcls.export:run"), cfg)
 
 
 def train_main() -> None:

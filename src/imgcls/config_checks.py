@@ -23,10 +23,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from imgcls.choices import CONV_INITS, OPTIMIZERS, SCHEDULES
 from imgcls.errors import ConfigError
-from imgcls.models.factory import CONV_INITS
-from imgcls.optimizer import OPTIMIZERS
-from imgcls.scheduler import SCHEDULES
 
 log = logging.getLogger(__name__)
 
@@ -390,9 +388,9 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def check_config(cfg: DictConfig, table: dict[str, Check] | None = None) -> None:
+def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: bool = True) -> None:
     """Raise ConfigError for the first value the table does not allow (or an odd batch with mixup); warn about
-    a warmup as long as the run."""
+    a warmup as long as the run (unless warn=False: the CLI's early check, before the command checks again)."""
     table = TRAIN if table is None else table
     for key, value in leaves(cfg):
         check = rule_for(key, table)
@@ -415,7 +413,7 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None) -> None
                 f"data.dali_fp16=true needs precision=amp or bf16 (autocast); precision={precision.get('name')} "
                 "runs fp32 layers on the half images"
             )
-    if recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
+    if warn and recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
         warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
         if warmup >= epochs:
             log.warning(

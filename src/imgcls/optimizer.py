@@ -9,9 +9,8 @@ import torch
 from timm.optim import RMSpropTF, param_groups_weight_decay
 from torch import nn
 
+from imgcls.choices import OPTIMIZERS
 from imgcls.errors import ConfigError
-
-OPTIMIZERS = ("sgd", "rmsprop", "rmsprop_tf")
 
 
 def parameter_groups(net: nn.Module, weight_decay: float, norm_bias_weight_decay: bool = False) -> list[dict]:

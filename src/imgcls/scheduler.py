@@ -11,6 +11,7 @@ import torch
 from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
+from imgcls.choices import SCHEDULES
 from imgcls.errors import ConfigError
 
 
@@ -42,7 +43,6 @@ def recipe_steps(batches_per_epoch: int, accumulation: int, epochs: int) -> int:
     return max(1, math.ceil(batches_per_epoch / accumulation) * epochs)
 
 
-SCHEDULES = ("cosine", "linear", "step", "cosine_tf1")
 STEP_MILESTONES = (30, 60, 80)  # NVIDIA main.py lr_step_policy: x0.1 at these epochs (hard-coded there)
 
 

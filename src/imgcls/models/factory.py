@@ -9,6 +9,7 @@ import timm
 from timm.layers.weight_init import trunc_normal_tf_, variance_scaling_
 from torch import nn
 
+from imgcls.choices import CONV_INIT_ALIASES, CONV_INITS, TF_INITS
 from imgcls.errors import ConfigError
 from imgcls.models.squeeze_excitation import se_kwargs
 from imgcls.models.weights import load_weights
@@ -28,15 +29,6 @@ def build_network(cfg: Any, num_classes: int) -> nn.Module:
     if cfg.get("weights"):
         load_weights(net, cfg.weights, arch=cfg.arch)
     return net
-
-
-# NVIDIA's legacy `main.py --model-config/-c` names for the conv init (resnet.py resnet_configs before commit
-# f217ab11): classic and grp-fanout initialise with fan_out, fanin and grp-fanin with fan_in.
-CONV_INIT_ALIASES = {"classic": "fan_out", "fanin": "fan_in", "grp-fanin": "fan_in", "grp-fanout": "fan_out"}
-# TensorFlow's initializers, for the TF seeds' experiments: tf1 = TF1 ConvNets `--weight_init=fan_in` (every TF1
-# training script), tf2 = TF2 EfficientNet v1 (cfg weight_init fan_out); see init_tensorflow.
-TF_INITS = ("tf1", "tf2")
-CONV_INITS = ("fan_in", "fan_out", *CONV_INIT_ALIASES, *TF_INITS)
 
 
 def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bool = False) -> None:

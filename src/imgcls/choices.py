@@ -1,0 +1,16 @@
+"""The names a config value chooses from where the code behind them needs torch or timm (conv inits, optimizers,
+LR schedules). Kept here, free of those imports, so that config_checks.py (and with it a command that only
+reports a bad value) does not import torch, timm and Lightning first (~6 s of CPU per command)."""
+
+from __future__ import annotations
+
+# NVIDIA's legacy `main.py --model-config/-c` names for the conv init (resnet.py resnet_configs before commit
+# f217ab11): classic and grp-fanout initialise with fan_out, fanin and grp-fanin with fan_in.
+CONV_INIT_ALIASES = {"classic": "fan_out", "fanin": "fan_in", "grp-fanin": "fan_in", "grp-fanout": "fan_out"}
+# TensorFlow's initializers, for the TF seeds' experiments: tf1 = TF1 ConvNets `--weight_init=fan_in` (every TF1
+# training script), tf2 = TF2 EfficientNet v1 (cfg weight_init fan_out); see models/factory.py init_tensorflow.
+TF_INITS = ("tf1", "tf2")
+CONV_INITS = ("fan_in", "fan_out", *CONV_INIT_ALIASES, *TF_INITS)
+
+OPTIMIZERS = ("sgd", "rmsprop", "rmsprop_tf")  # optimizer.py build_optimizer
+SCHEDULES = ("cosine", "linear", "step", "cosine_tf1")  # scheduler.py build_scheduler
