@@ -15,6 +15,10 @@ Lightning has no DALI integration (Lightning #791, won't fix) and DALI's iterato
 - The reader's label is the sample index (pipelines.py); the adapter maps it to the class label
   from the same folder walk as torchvision's ImageFolder, so labels are identical by construction, and it
   can record which samples a rank read (data.trace_dir).
+- Shard files (data.format=tfrecord|webdataset) go through DALI's own TFRecord / WebDataset readers
+  (pipelines.ShardSource); remote shards are copied to data.shard_cache first (shards/remote.py) and
+  TFRecord index files are found or made there (shards/tfrecord.py), never in the data folder. Their
+  keys, labels and names: records.py.
 - Bad files are found as DALI reads them (pipelines.check_encoded), not by opening every file before
   training: the adapter drops the flagged samples from their batch and applies data.on_bad_image, as the
   torchvision backend does with its workers' bad samples. On ImageNet, a scan before training cost minutes
@@ -34,16 +38,21 @@ from imgcls.data.augment import parse_randaugment
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.dali.file_list import FileList
 from imgcls.data.dali.host_resize import HostResize, resize_on_host
-from imgcls.data.dali.loader import DaliLoader
-from imgcls.data.dali.pipelines import interp_type, train_pipeline, val_pipeline
+from imgcls.data.dali.loader import Catalog, DaliLoader
+from imgcls.data.dali.pipelines import FolderSource, ShardSource, interp_type, train_pipeline, val_pipeline
+from imgcls.data.dali.records import ShardCatalog, shuffle_fill
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.shards.manifest import open_shard_set
+from imgcls.data.shards.remote import is_remote, local_copy
+from imgcls.data.shards.tfrecord import dali_index_files
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError, DataError
 from imgcls.seeding import dali_list_order, dali_pipeline_seed
 
 
 class DaliBackend:
-    """ImageFolder layout read by DALI. device="cpu" (dali_cpu) or "gpu" (dali_gpu: nvJPEG + GPU resize)."""
+    """An ImageFolder layout or shard files (data.format) read by DALI. device="cpu" (dali_cpu) or "gpu"
+    (dali_gpu: nvJPEG + GPU resize)."""
 
     def __init__(self, cfg: Any, device: str = "cpu") -> None:
         if device == "gpu" and not torch.cuda.is_available():
@@ -58,17 +67,46 @@ class DaliBackend:
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ConfigError(f"data.dali_host_prefetch={prefetch} must be a whole number >= 0 (0: no thread)")
         self.host_prefetch = prefetch
-        self.classes = classes_of(cfg.root, "train")
-        check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
-        self._files: dict[str, FileList] = {}
+        self.format = str(cfg.get("format") or "folder")
+        if self.format == "folder":
+            self.shards = None
+            self.classes = classes_of(cfg.root, "train")
+            check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
+        else:
+            self.shards = open_shard_set(cfg)
+            self.classes = list(self.shards.classes)
+        self._files: dict[str, FileList | ShardCatalog] = {}
         self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
 
-    def files(self, split: str) -> FileList:
-        """The split's files and classes in ImageFolder's order: the same walk, so the same labels. No file
-        is opened here: bad files are found while DALI reads them (dali/pipelines.py check_encoded)."""
+    def files(self, split: str) -> FileList | ShardCatalog:
+        """A folder: the split's files and classes in ImageFolder's order (the same walk, so the same labels).
+        Shards: the split's shard files as local paths (remote ones copied to data.shard_cache first). No
+        image is opened here: bad files are found while DALI reads them (dali/pipelines.py check_encoded)."""
         if split not in self._files:
-            self._files[split] = FileList(split_dir(self.cfg.root, split), self.classes)
+            if self.shards is None:
+                self._files[split] = FileList(split_dir(self.cfg.root, split), self.classes)
+            else:
+                self._files[split] = ShardCatalog(self.shards, split, self._local_paths(split))
         return self._files[split]
+
+    def _local_paths(self, split: str) -> list[str]:
+        urls = [s.url for s in self.shards.splits[split]]  # type: ignore[union-attr]
+        if not any(is_remote(u) for u in urls):
+            return urls
+        options = dict(self.cfg.get("storage_options") or {})
+        return [local_copy(u, str(self.cfg.shard_cache), options) for u in urls]
+
+    def _shard_source(self, files: ShardCatalog, split: str, world_size: int, seed: int) -> ShardSource:
+        """The shard files in reading order: train's are permuted by the run seed (each rank's contiguous
+        range of records then spans other files for another seed), val's stay in the manifest's order."""
+        paths = list(files.paths)
+        if split == "train":
+            paths = [paths[i] for i in dali_list_order(seed, len(paths))]
+        index_paths: list[str] = []
+        if self.format == "tfrecord":
+            index_paths = dali_index_files(paths, self.cfg.get("index_dir"), str(self.cfg.shard_cache))
+        fill = shuffle_fill(len(files) // world_size)
+        return ShardSource(self.format, tuple(paths), tuple(index_paths), fill)
 
     def loader(
         self,
@@ -84,7 +122,13 @@ class DaliBackend:
         cfg = self.cfg
         files = self.files(split)
         if len(files) < world_size:
-            raise DataError(f"{split_dir(cfg.root, split)} has {len(files)} images, fewer than {world_size} ranks")
+            where = split_dir(cfg.root, split) if self.shards is None else f"{cfg.root} ({split} shards)"
+            raise DataError(f"{where} has {len(files)} images, fewer than {world_size} ranks")
+        if isinstance(files, ShardCatalog):
+            # DALI's shard readers split the records among the ranks themselves (pipelines._read_records).
+            source = self._shard_source(files, split, world_size, seed)
+            return self._loader(files, source, split, batch_size, rank, world_size, seed, image_size,
+                                augment_magnitude, with_crop_shape, (rank, world_size))  # fmt: skip
         # DALI reads the list while the loader builds the pipeline; the file goes right after.
         listing = tempfile.NamedTemporaryFile(prefix="imgcls-dali-", suffix=".txt", delete=False)  # noqa: SIM115
         listing.close()
@@ -100,15 +144,16 @@ class DaliBackend:
                 # DALI given only that shard reads the same samples, and holds 1/world_size of the names.
                 files.write_list(listing.name, rank * len(files) // world_size, (rank + 1) * len(files) // world_size)
                 shard = (0, 1)
-            return self._loader(files, listing.name, split, batch_size, rank, world_size, seed, image_size,
+            source = FolderSource(listing.name, files.root)
+            return self._loader(files, source, split, batch_size, rank, world_size, seed, image_size,
                                 augment_magnitude, with_crop_shape, shard)  # fmt: skip
         finally:
             os.unlink(listing.name)
 
     def _loader(
         self,
-        files: FileList,
-        file_list: str,
+        files: Catalog,
+        source: FolderSource | ShardSource,
         split: str,
         batch_size: int,
         rank: int,
@@ -123,9 +168,8 @@ class DaliBackend:
         size = int(image_size or cfg.image_size)
         training = split == "train"
         common = {
-            "file_list": file_list,
-            "file_root": files.root,
-            "shard_id": shard[0],  # the reader's shard of the list file (loader)
+            "source": source,
+            "shard_id": shard[0],  # the reader's shard (loader)
             "num_shards": shard[1],
             "size": size,
             "gpu": self.gpu,

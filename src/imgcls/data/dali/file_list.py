@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from imgcls.data.bad_images import BadSample, scan_file
 from imgcls.errors import DataError
 
 BLOCK = 4096  # names per compressed block: a path lookup decompresses one block (about 130 KB, 0.1 ms)
@@ -64,6 +65,15 @@ class FileList:
     def targets(self) -> torch.Tensor:
         """Every file's class, in order (built on each call: 8 bytes a file)."""
         return self.labels(torch.arange(len(self)))
+
+    def bad_samples(self, indices: torch.Tensor) -> list[BadSample]:
+        """The files the pipeline flagged; the reason is found again here (a bad file is rare)."""
+        paths = [self.path(i) for i in indices.tolist()]
+        return [BadSample(p, scan_file(p) or "not decodable by DALI") for p in paths]
+
+    def trace_tokens(self, indices: torch.Tensor) -> list[str]:
+        """The sample indices, for data.trace_dir."""
+        return [str(i) for i in indices.tolist()]
 
     def _block(self, b: int) -> list[bytes]:
         return zlib.decompress(self._blocks[b]).split(b"\0")

@@ -12,24 +12,36 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
 
-from imgcls.data.bad_images import BadImageLog, BadSample, scan_file
-from imgcls.data.dali.file_list import FileList
+from imgcls.data.bad_images import BadImageLog, BadSample
 from imgcls.data.dali.host_resize import HostResize
 from imgcls.data.dali.pipelines import READER
 from imgcls.errors import DataError
+
+
+class Catalog(Protocol):
+    """What the loader needs of a split's samples (file_list.FileList for a folder, records.ShardCatalog for
+    shard files): their number and, from the pipeline's keys, labels, bad-sample names and trace lines."""
+
+    def __len__(self) -> int: ...
+
+    def labels(self, keys: torch.Tensor) -> torch.Tensor: ...
+
+    def bad_samples(self, keys: torch.Tensor) -> list[BadSample]: ...
+
+    def trace_tokens(self, keys: torch.Tensor) -> list[str]: ...
 
 
 @dataclass
 class _Batch:
     """One DALI batch, made ready in the producing thread; the policy and trace are applied by the consumer."""
 
-    read: list[int]  # the reader's sample indices, bad files included (data.trace_dir)
-    bad: torch.Tensor  # flagged sample indices (data.on_bad_image)
+    read: torch.Tensor  # the keys of every sample the reader read, bad files included (data.trace_dir)
+    bad: torch.Tensor  # the keys of the flagged samples (data.on_bad_image)
     result: tuple[torch.Tensor, ...] | None  # what the loader yields; None: nothing (all bad, or empty)
 
 
@@ -89,7 +101,7 @@ class DaliLoader:
         self,
         pipe: Any,
         outputs: list[str],
-        files: FileList,
+        files: Catalog,
         batch_size: int,
         rank: int,
         world_size: int,
@@ -151,15 +163,17 @@ class DaliLoader:
             self._consumed = 0
             self.epoch += 1
 
-    def _record_bad(self, indices: torch.Tensor) -> None:
-        """The policy for files the pipeline flagged; the reason is found again here (a bad file is rare)."""
-        paths = [self.files.path(i) for i in indices.tolist()]
-        self.bad_images.record([BadSample(p, scan_file(p) or "not decodable by DALI") for p in paths])
+    def _record_bad(self, keys: torch.Tensor) -> None:
+        """The policy for the samples the pipeline flagged."""
+        self.bad_images.record(self.files.bad_samples(keys))
 
     def _prepare(self, out: dict[str, Any]) -> _Batch:
         """A DALI batch without its bad files, resized (HostResize) or laid out; no side effects."""
-        index = out["index"].reshape(-1).long().cpu()
-        read = index.tolist()
+        index = out["index"].long().cpu()
+        # A key per sample: a folder's sample index, or a shard record's (shard, offset, stored label).
+        if index.dim() > 1 and index.shape[-1] == 1:
+            index = index.reshape(-1)
+        read = index
         if index.numel() == 0:  # PARTIAL can end a short shard with an empty batch
             return _Batch(read, index, None)
         images, mirror = out["data"], out.get("mirror")
@@ -253,7 +267,7 @@ class DaliLoader:
         try:
             for batch in self._background_epoch(worker) if worker is not None else self._epoch():
                 if trace is not None:  # what the reader read, bad files included
-                    trace.write(" ".join(map(str, batch.read)) + "\n")
+                    trace.write(" ".join(self.files.trace_tokens(batch.read)) + "\n")
                 if batch.bad.numel():
                     self._record_bad(batch.bad)
                 if batch.result is not None:

@@ -4,8 +4,10 @@ Differences from NVIDIA's PyTorch code, each on purpose:
 - train decodes with the fused `fn.decoders.image_random_crop` (ROI decode: only the crop's region
   of the JPEG is decoded, as NVIDIA's TF1/TF2 DALI pipelines do) instead of full decode +
   `random_resized_crop`; on 2 CPU cores this is what puts the pipeline past a plain full decode.
-- the reader's "label" is the sample index; the loader maps it to the class (see dali.py), so the
-  loader knows which files each rank read.
+- the reader is the only part that depends on data.format (_read_shard): a folder's file reader, whose
+  "label" is the sample index that the loader maps to the class (backend.py), or DALI's TFRecord /
+  WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either way the
+  loader knows which samples each rank read.
 - val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
 - every encoded file passes `checked` (bad_images.scan_bytes) before the decoder: a bad file becomes a tiny
   placeholder image flagged in the extra "bad" output, which the loader drops and reports (dali.py), so one
@@ -16,14 +18,18 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import nvidia.dali.math as dmath
+import nvidia.dali.tfrecord as tfrec
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.auto_aug import auto_augment, rand_augment
 
 from imgcls.data.bad_images import scan_bytes
+from imgcls.data.dali import records
+from imgcls.data.shards.tfrecord import IMAGE_KEY, LABEL_KEY
 from imgcls.errors import ConfigError
 
 READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
@@ -88,12 +94,53 @@ def check_encoded(batch: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.nd
     return files, flags
 
 
-def _read_shard(
-    file_list: str, file_root: str | None, shard_id: int, num_shards: int, training: bool
-) -> tuple[Any, Any, Any]:
-    """(checked files, sample indices, bad flags) of this rank's shard; the loader maps an index to its class.
+def check_tfrecord(
+    jpegs: list[np.ndarray], infos: list[np.ndarray], labels: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """(checked files, keys, bad flags) of a TFRecord batch: check_encoded plus the records' keys."""
+    files, flags = check_encoded(jpegs)
+    return files, records.tfrecord_keys(infos, labels), flags
 
-    Train reshuffles the whole list before every epoch (shuffle_after_epoch: a permutation with a fixed
+
+def check_webdataset(
+    jpegs: list[np.ndarray], infos: list[np.ndarray], cls: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """As check_tfrecord, for a WebDataset batch (the label is the `.cls` member's text)."""
+    files, flags = check_encoded(jpegs)
+    return files, records.webdataset_keys(infos, cls), flags
+
+
+@dataclass(frozen=True)
+class FolderSource:
+    """An image folder: DALI's file reader over a `file_list` of "path index" lines (FileList.write_list)."""
+
+    file_list: str
+    file_root: str | None
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Shard files (data.format=tfrecord|webdataset), local paths in reading order; TFRecord index files."""
+
+    format: str
+    paths: tuple[str, ...]
+    index_paths: tuple[str, ...] = ()
+    initial_fill: int = records.SHUFFLE_FILL
+
+
+def _read_shard(
+    source: FolderSource | ShardSource, shard_id: int, num_shards: int, training: bool
+) -> tuple[Any, Any, Any]:
+    """(checked files, keys, bad flags) of this rank's shard, the only part of the pipelines that differs
+    between data formats. A key is the sample index for a folder (the loader maps it to its class) and
+    (shard path hash, byte offset, stored label) for shard files (records.py)."""
+    if isinstance(source, FolderSource):
+        return _read_folder(source, shard_id, num_shards, training)
+    return _read_records(source, shard_id, num_shards, training)
+
+
+def _read_folder(source: FolderSource, shard_id: int, num_shards: int, training: bool) -> tuple[Any, Any, Any]:
+    """Train reshuffles the whole list before every epoch (shuffle_after_epoch: a permutation with a fixed
     seed per epoch, the same on every rank, so the shards stay disjoint; the list file itself comes
     permuted by the run seed) and each rank reads its shard of it in that order. No `random_shuffle`: its
     1,024-file buffer of encoded JPEGs (`initial_fill`) cost 110 MB per rank and shuffled less (docs/
@@ -103,8 +150,8 @@ def _read_shard(
     index" lines (file_list.FileList.write_list): the reader's label is the sample index. dont_use_mmap: a
     zero-byte file cannot be mapped, and the reader would stop the pipeline on it before the check sees it."""
     jpegs, index = fn.readers.file(
-        file_list=file_list,
-        file_root=file_root,
+        file_list=source.file_list,
+        file_root=source.file_root,
         shard_id=shard_id,
         num_shards=num_shards,
         shuffle_after_epoch=training,  # implies stick_to_shard (DALI refuses both set)
@@ -117,10 +164,51 @@ def _read_shard(
     return jpegs, index, bad
 
 
+def _read_records(source: ShardSource, shard_id: int, num_shards: int, training: bool) -> tuple[Any, Any, Any]:
+    """DALI's own shard readers. Each rank reads its contiguous range of the records (DALI splits the
+    records of all files, in the order given, at floor(r * N / W)) and keeps it every epoch
+    (stick_to_shard): ranks never read the same record. These readers have no shuffle_after_epoch: train
+    draws from a shuffle buffer of `initial_fill` records (records.SHUFFLE_FILL, why that size) and pads the
+    shorter shards, so every rank counts N // W records an epoch; val reads in order, without padding, and
+    the iterator's PARTIAL policy trims what it read past the shard's end, as for a folder."""
+    common = {
+        "shard_id": shard_id,
+        "num_shards": num_shards,
+        "random_shuffle": training,
+        "stick_to_shard": True,
+        "pad_last_batch": training,
+        "dont_use_mmap": True,
+        "name": READER,
+    }
+    if training:
+        common["initial_fill"] = int(source.initial_fill)
+    if source.format == "tfrecord":
+        features = {
+            IMAGE_KEY: tfrec.FixedLenFeature((), tfrec.string, ""),  # missing: empty bytes, a bad record
+            LABEL_KEY: tfrec.FixedLenFeature([1], tfrec.int64, -1),  # missing: -1, outside every label base
+        }
+        outputs = fn.readers.tfrecord(
+            path=list(source.paths), index_path=list(source.index_paths), features=features, **common
+        )
+        jpegs, stored, check = outputs[IMAGE_KEY], outputs[LABEL_KEY], check_tfrecord
+    else:
+        # Alternatives of one component are ';'-separated; a sample without an image or a label stops
+        # the reader naming the tar (DALI's error, raised through the loader).
+        jpegs, stored = fn.readers.webdataset(
+            paths=list(source.paths), ext=["jpg;jpeg;png", "cls"], missing_component_behavior="error", **common
+        )
+        check = check_webdataset
+    info = fn.get_property(jpegs, key="source_info")
+    jpegs, key, bad = fn.python_function(jpegs, info, stored, function=check, num_outputs=3, batch_processing=True)
+    return jpegs, key, bad
+
+
 @pipeline_def(enable_conditionals=True)  # conditionals: required by DALI's auto_aug policies
 def train_pipeline(
-    file_list: str,
-    file_root: str | None,
+    *,
+    source: FolderSource | ShardSource | None = None,
+    file_list: str | None = None,
+    file_root: str | None = None,
     shard_id: int,
     num_shards: int,
     size: int,
@@ -139,10 +227,11 @@ def train_pipeline(
     with_crop_shape: bool = False,
     host_resize: bool = False,
 ) -> Any:
-    """Outputs (images, index, bad[, crop shape]). host_resize: stop after the ROI decode and return
-    (crops, index, bad, mirror[, crop shape]); the loader resizes, flips and normalizes in torch
-    (host_resize.py: DALI's CPU resize is slow)."""
-    jpegs, index, bad = _read_shard(file_list, file_root, shard_id, num_shards, training=True)
+    """`source`: what to read (a FolderSource or ShardSource); `file_list`/`file_root` are a FolderSource's
+    fields, for callers that build the pipeline directly. Outputs (images, index, bad[, crop shape]).
+    host_resize: stop after the ROI decode and return (crops, index, bad, mirror[, crop shape]); the loader
+    resizes, flips and normalizes in torch (host_resize.py: DALI's CPU resize is slow)."""
+    jpegs, index, bad = _read_shard(source or FolderSource(file_list, file_root), shard_id, num_shards, training=True)
     decoder_args: dict[str, Any] = {}
     if gpu:
         decoder_args = {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
@@ -177,8 +266,10 @@ def train_pipeline(
 
 @pipeline_def
 def val_pipeline(
-    file_list: str,
-    file_root: str | None,
+    *,
+    source: FolderSource | ShardSource | None = None,
+    file_list: str | None = None,
+    file_root: str | None = None,
     shard_id: int,
     num_shards: int,
     size: int,
@@ -190,7 +281,7 @@ def val_pipeline(
     layout: str = "CHW",
     fp16: bool = False,
 ) -> Any:
-    jpegs, index, bad = _read_shard(file_list, file_root, shard_id, num_shards, training=False)
+    jpegs, index, bad = _read_shard(source or FolderSource(file_list, file_root), shard_id, num_shards, training=False)
     images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
     # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own

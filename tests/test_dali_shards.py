@@ -1,0 +1,176 @@
+"""dali_cpu reading shard files (data.format=tfrecord|webdataset) with DALI's own readers, on CPU: the same
+images and labels as from the folder, equal train batches per rank, label bases, bad records, index files
+made in the cache only, and what a rebuilt loader (a resume) reads."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgcls.data.backends import make_backend
+from imgcls.data.shards.convert import convert
+from imgcls.errors import DataError
+from tests.conftest import compose_config, make_image_folder, tiny_overrides
+
+pytest.importorskip("nvidia.dali")
+
+FORMATS = ("tfrecord", "webdataset")
+SHARD_SIZE = 11  # 27 train images -> 3 shards of 9, 21 val -> 10 + 11: records split unevenly over the ranks
+
+
+def _val_labels(folder: Path) -> list[int]:
+    classes = sorted(p.name for p in (folder / "val").iterdir())
+    return sorted(k for k, name in enumerate(classes) for _ in (folder / "val" / name).iterdir())
+
+
+def make_shards(folder: Path, out: Path, fmt: str) -> Path:
+    """FOLDER converted by `python -m imgcls.data.shard` (in-process): train shuffled, val in order; TFRecords
+    with TF1's 1-based labels and index files in OUT/dali_idx, WebDataset with 0-based labels."""
+    convert(folder, out, fmt, SHARD_SIZE, seed=0, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 27 train images: 2 ranks x batch 4 read 24 an epoch, 3 left over. 21 val images: uneven val shards.
+    return make_image_folder(tmp_path_factory.mktemp("folder"), classes=3, train_per_class=9, val_per_class=7)
+
+
+@pytest.fixture(scope="module")
+def shards(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("shards")
+    return {fmt: make_shards(folder, base / fmt, fmt) for fmt in FORMATS}
+
+
+def backend_for(root: Path, cache: Path, *extra: str):
+    overrides = tiny_overrides(root, "data.backend=dali_cpu", f"data.shard_cache={cache}", *extra)
+    return make_backend(compose_config(overrides).data)
+
+
+def epoch(loader) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = zip(*[(x, y) for x, y, *_ in loader])
+    return torch.cat(images), torch.cat(labels)
+
+
+def by_content(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and labels sorted by (label, pixel sum): an order that does not depend on the reader's."""
+    keys = labels.double() * 1e9 + images.double().sum(dim=(1, 2, 3))
+    order = torch.argsort(keys)
+    return images[order], labels[order]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_val_from_shards_matches_the_folder(folder: Path, shards: dict[str, Path], tmp_path: Path, fmt: str) -> None:
+    reference = by_content(*epoch(backend_for(folder, tmp_path).loader("val", 4, 0, 1, seed=0)))
+    backend = backend_for(shards[fmt], tmp_path, f"data.format={fmt}")
+    assert backend.classes == ["class_0", "class_1", "class_2"]
+    images, labels = by_content(*epoch(backend.loader("val", 4, 0, 1, seed=0)))
+    assert labels.tolist() == reference[1].tolist() == _val_labels(folder)
+    assert torch.allclose(images, reference[0])
+    # Two ranks: each val record exactly once across them, no padding (21 records: 10 + 11).
+    parts = [epoch(backend.loader("val", 4, rank, 2, seed=0)) for rank in range(2)]
+    assert [len(labels) for _, labels in parts] == [10, 11]
+    images, labels = by_content(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+    assert labels.tolist() == reference[1].tolist() and torch.allclose(images, reference[0])
+
+
+def _traces(trace: Path, rank: int, epoch: int) -> list[str]:
+    return (trace / f"train_rank{rank}_epoch{epoch}.txt").read_text().split()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_train_over_two_ranks(shards: dict[str, Path], tmp_path: Path, fmt: str) -> None:
+    trace = tmp_path / "trace"
+    backend = backend_for(shards[fmt], tmp_path, f"data.format={fmt}", f"data.trace_dir={trace}")
+    loaders = [backend.loader("train", 4, rank, 2, seed=0) for rank in range(2)]
+    assert len(loaders[0]) == len(loaders[1]) == 3  # 27 records: 13 and 14 a rank, 3 batches of 4 each
+    epochs = 3
+    for _ in range(epochs):
+        for loader in loaders:
+            batches = list(loader)
+            assert len(batches) == 3 and all(x.shape == (4, 3, 32, 32) for x, _ in batches)
+            assert all(0 <= int(y) < 3 for _, labels in batches for y in labels)
+    seen: Counter = Counter()
+    for e in range(epochs):
+        ranks = [_traces(trace, r, e) for r in range(2)]
+        assert all(len(read) == 12 for read in ranks)
+        # A rank keeps its own records (stick_to_shard): no record is read by both ranks in any epoch.
+        assert not set(ranks[0]) & set(ranks[1])
+        seen.update(ranks[0] + ranks[1])
+    # The first epoch reads 24 distinct records of the 27 (3 left over: 27 - 2 ranks x 12).
+    first = _traces(trace, 0, 0) + _traces(trace, 1, 0)
+    assert len(set(first)) == 24
+    # Over the epochs every record is read, none more than twice as often as it would be with exact epochs.
+    assert len(seen) == 27 and max(seen.values()) <= 2 * epochs
+
+
+def test_tfrecord_label_base(folder: Path, shards: dict[str, Path], tmp_path: Path) -> None:
+    # The converter writes TF1's labels 1..N (manifest label_base 1). TF1 build_imagenet_data.py's own
+    # folders have no manifest: label_base auto is 1 for TFRecords, and data.num_classes names the classes.
+    tf1 = tmp_path / "tf1"
+    shutil.copytree(shards["tfrecord"], tf1)
+    (tf1 / "manifest.json").unlink()
+    for root, extra in ((shards["tfrecord"], ()), (tf1, ("data.num_classes=3",))):
+        backend = backend_for(root, tmp_path / "cache", "data.format=tfrecord", *extra)
+        _, labels = epoch(backend.loader("val", 4, 0, 1, seed=0))
+        assert sorted(labels.tolist()) == _val_labels(folder)  # 0..2, not 1..3
+    wrong = backend_for(tf1, tmp_path / "cache", "data.format=tfrecord", "data.num_classes=3", "data.label_base=0")
+    with pytest.raises(DataError, match="data.label_base=0") as info:
+        epoch(wrong.loader("val", 4, 0, 1, seed=0))
+    assert "\n" not in str(info.value) and "validation-0000" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bad_record_skipped_or_stops_naming_the_shard(folder: Path, tmp_path: Path, fmt: str) -> None:
+    # class_1/003.jpg truncated, in val (record 10 of 21: the second val shard) and in train.
+    source = tmp_path / "folder"
+    shutil.copytree(folder, source)
+    for split in ("train", "val"):
+        path = source / split / "class_1" / "003.jpg"
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    root = make_shards(source, tmp_path / "bad", fmt)
+    backend = backend_for(root, tmp_path / "cache", f"data.format={fmt}")
+    _, labels = epoch(backend.loader("val", 4, 0, 1, seed=0))
+    assert len(labels) == 20 and Counter(labels.tolist())[1] == 6  # the bad class_1 record dropped
+    ((name, reason),) = backend.bad_images.files.items()
+    assert "validation-00001-of-00002" in name and "record at byte" in name
+    assert reason.startswith("truncated")
+    strict = backend_for(root, tmp_path / "cache", f"data.format={fmt}", "data.on_bad_image=error")
+    with pytest.raises(DataError, match="validation-00001-of-00002") as info:
+        epoch(strict.loader("val", 4, 0, 1, seed=0))
+    assert "\n" not in str(info.value)
+    with pytest.raises(DataError, match=r"train-0000\d-of-00003"):  # the train pipeline checks too
+        epoch(strict.loader("train", 4, 0, 1, seed=0))
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_missing_index_files_are_made_in_the_cache(shards: dict[str, Path], tmp_path: Path) -> None:
+    root = tmp_path / "tfrecord"
+    shutil.copytree(shards["tfrecord"], root)
+    shutil.rmtree(root / "dali_idx")  # as TF1's folders: no index files
+    before = _snapshot(root)
+    cache = tmp_path / "cache"
+    backend = backend_for(root, cache, "data.format=tfrecord")
+    epoch(backend.loader("train", 4, 0, 1, seed=0))
+    epoch(backend.loader("val", 4, 0, 1, seed=0))
+    assert _snapshot(root) == before  # nothing written, moved or touched in the data folder
+    made = sorted(p.name for p in (cache / "dali_idx").rglob("*.idx"))
+    assert made == sorted(f"{p.name}.idx" for p in root.iterdir() if p.name.startswith(("train-", "validation-")))
+
+
+def test_a_rebuilt_loader_restarts_the_epoch_stream(shards: dict[str, Path], tmp_path: Path) -> None:
+    # What a resume gets (docs/shards.md): a new pipeline reads the first epoch's stream again, from its
+    # start, with the same number of batches; Lightning keeps the step count and the LR.
+    backend = backend_for(shards["webdataset"], tmp_path, "data.format=webdataset")
+    loader = backend.loader("train", 4, 0, 2, seed=0)
+    first = epoch(loader)
+    epoch(loader)
+    again = epoch(backend_for(shards["webdataset"], tmp_path, "data.format=webdataset").loader("train", 4, 0, 2, 0))
+    assert torch.equal(first[1], again[1]) and torch.allclose(first[0], again[0])
