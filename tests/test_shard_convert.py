@@ -419,3 +419,12 @@ def test_a_manifest_may_name_shards_by_url_or_absolute_path(converted: dict[str,
     assert shard_set.splits["train"][0].url == first["name"]
     assert shard_set.splits["train"][1].url == str(tmp_path / "train-00001-of-00004.tar")
     assert shard_set.splits["val"][0].url == str(converted["webdataset"] / "validation-00000-of-00002.tar")
+
+
+def test_a_key_too_long_for_ustar_gets_a_pax_header() -> None:
+    key = "class_0/" + "x" * 150  # a file name over ustar's 100 bytes: the member needs a pax header
+    records = [(b"short", 1, "class_0/a"), (b"long", 2, key), (b"after", 0, "class_1/b")]
+    data = write_shard("webdataset", records)
+    assert b"path=" + (key + ".jpg").encode() in data  # the pax record; the other members are plain ustar
+    assert data.count(b"path=") == 2  # KEY.jpg and KEY.cls
+    assert list(read_records("webdataset", data)) == [(image, label, name) for image, label, name in records]

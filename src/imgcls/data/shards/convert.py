@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -127,7 +127,9 @@ def _write_shard(dst: Path, name: str, fmt: str, items: list[tuple[str, int]], b
 
 
 def _relative(path: str, base: Path) -> str:
-    return str(PurePosixPath(*Path(os.path.relpath(path, base)).parts))
+    prefix = str(base) + os.sep  # make_dataset joins its paths onto the split folder: a prefix cut suffices
+    relative = path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, base)
+    return relative.replace(os.sep, "/")
 
 
 def _read(path: str) -> bytes:
