@@ -19,6 +19,7 @@ import pytest
 
 from imgcls.data.shards import remote
 from imgcls.errors import ConfigError, DataError
+from tests.conftest import make_image_folder
 
 BUCKET = "imgcls-shards"
 CREDENTIALS = {"key": "testing", "secret": "testing"}
@@ -270,3 +271,49 @@ def test_a_killed_download_leaves_no_shard(http_server: str, tmp_path: Path) -> 
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not target.exists(), "a killed download must not leave a file under the shard's name"
+
+
+# -- a converted folder in the bucket, described by shards/manifest.py through this module -------------------
+
+
+@pytest.fixture(scope="module")
+def uploaded(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A tiny ImageFolder converted to webdataset shards (imgcls.data.shards.convert), uploaded to the bucket
+    under wds/ (with its manifest) and bare/ (shards only, as from another tool)."""
+    from imgcls.data.shards.convert import convert
+
+    base = tmp_path_factory.mktemp("shards")
+    folder = make_image_folder(base / "images", classes=3, train_per_class=8, val_per_class=3)
+    convert(folder, base / "wds", "webdataset", shard_size=10, progress=False)
+    for path in sorted((base / "wds").iterdir()):
+        s3.put(f"wds/{path.name}", path.read_bytes())
+        if path.suffix == ".tar":
+            s3.put(f"bare/{path.name}", path.read_bytes())
+    return base / "wds", f"s3://{BUCKET}/wds"
+
+
+def _data_cfg(root: str, cache: Path, options: dict, **extra: object) -> dict:
+    return {"root": root, "format": "webdataset", "label_base": "auto", "num_classes": None, "index_dir": None,
+            "shard_cache": str(cache), "storage_options": options, **extra}
+
+
+def test_a_bucket_reads_as_its_local_folder(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    from imgcls.data.shards.formats import read_records
+    from imgcls.data.shards.manifest import open_shard_set
+
+    local, url = uploaded
+    here = open_shard_set(_data_cfg(str(local), tmp_path, {}))
+    there = open_shard_set(_data_cfg(url, tmp_path, s3.options))
+    assert there.classes == here.classes and there.label_base == here.label_base
+    for split in ("train", "val"):
+        assert [s.count for s in there.splits[split]] == [s.count for s in here.splits[split]]
+        assert [s.url for s in there.splits[split]] == [f"{url}/{Path(s.url).name}" for s in here.splits[split]]
+        for near, far in zip(here.splits[split], there.splits[split]):
+            copy = remote.local_copy(far.url, str(tmp_path), s3.options)
+            assert list(read_records("webdataset", Path(copy).read_bytes())) == list(
+                read_records("webdataset", Path(near.url).read_bytes()))
+
+    bare = open_shard_set(_data_cfg(f"s3://{BUCKET}/bare", tmp_path, s3.options, num_classes=3))
+    assert {k: [s.count for s in v] for k, v in bare.splits.items()} == {
+        k: [s.count for s in v] for k, v in here.splits.items()}, "counts from a scan of the downloaded shards"
+
