@@ -328,7 +328,7 @@ def test_cli_mistakes_are_one_line_and_exit_2(
         ([str(folder), dst, "shard_size=5"], "format is not set"),
         ([str(folder), "format=tfrecord", "shard_size=5"], "expected SRC and DST"),
         ([str(tmp_path / "nope"), dst, "format=tfrecord", "shard_size=5"], "SRC="),
-        ([str(folder / "train"), dst, "format=tfrecord", "shard_size=5"], "has no 'train' folder"),
+        ([str(folder / "train"), dst, "format=tfrecord", "shard_size=5"], f"SRC={folder}/train has no 'train'"),
     ]
     for argv, expected in cases:
         assert shard_cli.main(argv) == 2, argv

@@ -47,8 +47,11 @@ def folder_samples(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]
 
     from imgcls.data.folder import check_same_classes, classes_of, split_dir
 
-    classes = classes_of(src, "train")
-    check_same_classes(classes, classes_of(src, "val"), src)
+    try:
+        classes = classes_of(src, "train")
+        check_same_classes(classes, classes_of(src, "val"), src)
+    except DataError as exc:  # folder.py names data.root, the training key; here the folder is SRC
+        raise DataError(str(exc).replace("data.root=", "SRC=")) from None
     index = {c: i for i, c in enumerate(classes)}
     samples = {}
     for split in ("train", "val"):

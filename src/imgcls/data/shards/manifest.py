@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ class ShardSet:
 
 
 def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    value = cfg.get(key, default) if isinstance(cfg, Mapping) or hasattr(cfg, "get") else getattr(cfg, key, default)
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)  # dict or DictConfig
     return default if value is None else value
 
 

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import google_crc32c
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 from imgcls.errors import DataError
 from imgcls.storage import write_atomic
@@ -39,7 +40,7 @@ def masked_crc(data: bytes) -> int:
 # --- tf.train.Example -------------------------------------------------------------------------------------
 
 @cache
-def _example_classes() -> dict[str, Any]:
+def _example_class() -> Any:
     """The message classes of tensorflow/core/example/{feature,example}.proto, built from a descriptor written
     here: the same wire format as TensorFlow's generated code without depending on tensorflow (or on a
     generated _pb2 file that pins a protobuf version). Field numbers and types are those of the .proto files."""
@@ -77,14 +78,14 @@ def _example_classes() -> dict[str, Any]:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     file = pool.FindFileByName(proto.name)
-    return {name: message_factory.GetMessageClass(file.message_types_by_name[name]) for name in ("Example",)}
+    return message_factory.GetMessageClass(file.message_types_by_name["Example"])
 
 
 def encode_example(image: bytes, label: int, filename: str | None = None, synset: str | None = None) -> bytes:
     """A serialized tf.train.Example with TF1 build_imagenet_data.py's features that the readers use
     (image/encoded, image/class/label, image/filename, image/class/synset); deterministic bytes (map keys
     sorted)."""
-    example = _example_classes()["Example"]()
+    example = _example_class()()
     feature = example.features.feature
     feature[IMAGE_KEY].bytes_list.value.append(image)
     feature[LABEL_KEY].int64_list.value.append(int(label))
@@ -97,10 +98,10 @@ def encode_example(image: bytes, label: int, filename: str | None = None, synset
 
 def decode_example(data: bytes, where: str = "") -> tuple[bytes, int, str | None]:
     """(image bytes, stored label, image/filename or None) of a serialized tf.train.Example."""
-    example = _example_classes()["Example"]()
+    example = _example_class()()
     try:
         example.ParseFromString(data)
-    except Exception:  # protobuf's DecodeError; upb raises its own subclass
+    except DecodeError:
         raise DataError(f"{where}: not a tf.train.Example") from None
     feature = example.features.feature
     if IMAGE_KEY not in feature or not feature[IMAGE_KEY].bytes_list.value:
