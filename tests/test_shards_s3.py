@@ -19,7 +19,7 @@ import pytest
 
 from imgcls.data.shards import remote
 from imgcls.errors import ConfigError, DataError
-from tests.conftest import make_image_folder
+from tests.conftest import make_image_folder, read_report, run_cli, tiny_overrides
 
 BUCKET = "imgcls-shards"
 CREDENTIALS = {"key": "testing", "secret": "testing"}
@@ -317,3 +317,69 @@ def test_a_bucket_reads_as_its_local_folder(s3: S3, uploaded: tuple[Path, str], 
     assert {k: [s.count for s in v] for k, v in bare.splits.items()} == {
         k: [s.count for s in v] for k, v in here.splits.items()}, "counts from a scan of the downloaded shards"
 
+
+def test_a_pipe_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    from imgcls.data.shards.manifest import open_shard_set
+
+    local, _ = uploaded
+    here = open_shard_set(_data_cfg(str(local), tmp_path, {}))
+    there = open_shard_set(_data_cfg(f"pipe:cat {local}", tmp_path, {}))
+    assert [s.count for s in there.splits["train"]] == [s.count for s in here.splits["train"]]
+    first = there.splits["train"][0].url
+    assert first == f"pipe:cat {local}/{Path(here.splits['train'][0].url).name}"
+    assert Path(remote.local_copy(first, str(tmp_path), {})).read_bytes() == Path(
+        here.splits["train"][0].url).read_bytes()
+
+
+def test_an_http_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    """Python's own file server: HTML index pages for listings, no Range support (a plain 200 for a ranged GET)."""
+    import functools
+
+    from imgcls.data.shards.manifest import open_shard_set
+
+    local, _ = uploaded
+    handler = functools.partial(_QuietFiles, directory=str(local.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        root = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"
+        assert remote.list_names(root, {}) == sorted(p.name for p in local.iterdir())
+        here = open_shard_set(_data_cfg(str(local), tmp_path, {}))
+        there = open_shard_set(_data_cfg(root, tmp_path, {}))
+        for near, far in zip(here.splits["val"], there.splits["val"]):
+            assert Path(remote.local_copy(far.url, str(tmp_path), {})).read_bytes() == Path(near.url).read_bytes()
+            assert far.count == near.count
+    finally:
+        server.shutdown()
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_train_from_a_bucket_as_from_the_local_shards(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    """train.py debug=tiny on s3://BUCKET/wds (S3 endpoint and keys as a user of MinIO gives them) and on the
+    local folder it was uploaded from, side by side: the same losses and val top-1, epoch by epoch."""
+    local, url = uploaded
+    cache = tmp_path / "cache"
+    common = ["data.format=webdataset", "recipe.epochs=1", "recipe.warmup_epochs=0", f"data.shard_cache={cache}"]
+    runs = {
+        "local": tiny_overrides(local, *common, f"run_dir={tmp_path / 'local'}"),
+        "s3": tiny_overrides(url, *common, f"run_dir={tmp_path / 's3'}",
+                             f"+data.storage_options.endpoint_url={s3.endpoint}"),
+    }
+    shards = sorted(p.name for p in local.glob("*.tar"))
+    gets_before = [s3.requests.gets(f"wds/{name}") for name in shards]
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(runs, pool.map(lambda args: run_cli("train.py", *args, env=env, timeout=300), runs.values())))
+    for name, proc in done.items():
+        assert proc.returncode == 0, f"{name} run failed:\n{proc.stderr[-3000:]}"
+    keys = ("train.loss", "val.loss", "val.top1")
+    local_epochs, s3_epochs = (
+        [{k: e[k] for k in keys} for e in read_report(tmp_path / n)["epochs"]] for n in ("local", "s3"))
+    assert s3_epochs == local_epochs and len(s3_epochs) == 1
+    assert sorted(p.name for p in (cache / "s3" / BUCKET / "wds").glob("*.tar")) == shards
+    gets = [s3.requests.gets(f"wds/{name}") - before for name, before in zip(shards, gets_before)]
+    assert gets == [1] * len(shards), "each shard is downloaded once (then read from data.shard_cache)"
