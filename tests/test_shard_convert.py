@@ -365,6 +365,11 @@ def test_a_non_empty_destination_is_refused_and_untouched(
     out = capsys.readouterr()
     assert f"wrote {empty / 'manifest.json'}" in out.out and "train -> webdataset" in out.err
     assert sorted(os.listdir(empty)) == ["manifest.json", "train-00000-of-00001.tar", "validation-00000-of-00001.tar"]
+    assert shard_cli.main([str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 2
+    assert "it holds a complete conversion: manifest.json" in capsys.readouterr().err
+    os.remove(empty / "manifest.json")  # as a killed conversion leaves it
+    assert shard_cli.main([str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 2
+    assert "an interrupted conversion? delete it and run again" in capsys.readouterr().err
 
 
 # --- URL roots (through shards/remote.py; tests/test_shards_s3.py reads a bucket on moto's S3 server) -------

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from imgcls.data.shards import tfrecord, webdataset
 from imgcls.data.shards.formats import FORMATS
-from imgcls.data.shards.manifest import INDEX_DIR, manifest_document, write_manifest
+from imgcls.data.shards.manifest import INDEX_DIR, MANIFEST, manifest_document, write_manifest
 from imgcls.errors import ConfigError, DataError
 from imgcls.storage import write_atomic
 
@@ -36,9 +36,14 @@ def shard_bounds(count: int, shard_size: int) -> list[tuple[int, int]]:
 
 
 def check_destination(dst: Path) -> None:
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        what = "is not a folder" if not dst.is_dir() else "exists and is not empty"
-        raise DataError(f"DST={dst} {what}; the converter writes only into a new or empty folder (nothing was written)")
+    if not dst.exists() or dst.is_dir() and not any(dst.iterdir()):
+        return
+    what = "is not a folder" if not dst.is_dir() else "exists and is not empty"
+    if dst.is_dir() and (dst / MANIFEST).exists():
+        what += f" (it holds a complete conversion: {MANIFEST})"
+    elif dst.is_dir() and any(p.name.startswith(("train-", "validation-")) for p in dst.iterdir()):
+        what += f" (shards without {MANIFEST}: an interrupted conversion? delete it and run again)"
+    raise DataError(f"DST={dst} {what}; the converter writes only into a new or empty folder (nothing was written)")
 
 
 def folder_samples(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
