@@ -281,3 +281,9 @@ def test_bad_record_stops_the_run_naming_shard_and_record(with_bad_record: tuple
     message = error_of(backend.loader("train", 5, 0, 1, 0))
     assert message.startswith(where + " is not a decodable image") and "data.on_bad_image=error" in message
     assert "\n" not in message
+
+
+def test_plan_mode_counts_the_shard_sets_train_images(shards: Path) -> None:
+    from imgcls.plan import train_images
+
+    assert train_images(data_cfg(shards)) == (35, f"{_format(shards)} shards in {shards}")

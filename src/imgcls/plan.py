@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config_checks import check_config
+from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
@@ -162,12 +163,16 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
 
 def train_images(data_cfg: Any) -> tuple[int | None, str]:
     """The number of training images and where it came from: `data.train_images` (ImageNet's published
-    count), else the files of data.root/train when that folder exists (a listing; no image is opened)."""
+    count), else the files of data.root/train when that folder exists (a listing; no image is opened), or the
+    train count of a shard dataset (data.format=webdataset|tfrecord)."""
     if data_cfg.get("train_images"):
         return int(data_cfg.train_images), "data.train_images"
     if data_cfg.get("backend") == "synthetic":
         return int(data_cfg.get("train_samples") or 1024), "data.train_samples"
     root = data_cfg.get("root")
+    if str(data_cfg.get("format") or "folder") != "folder" and root not in (None, "???"):
+        # The manifest's counts (without one: DALI index files or a scan of the shards' headers).
+        return open_shard_set(data_cfg).count("train"), f"{data_cfg.format} shards in {root}"
     train = Path(str(root)) / "train" if root not in (None, "???") else None
     if train is None or not train.is_dir():
         return None, "unknown: set data.train_images=N"

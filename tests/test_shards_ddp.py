@@ -1,0 +1,53 @@
+"""A real 2-process gloo run of train.py on webdataset shards of uneven sizes (the torchvision path,
+data/shards/stream.py): both ranks take the same number of steps (no all-reduce waits for a rank that ran
+out of batches: the run finishes within the timeout), and validation counts every val sample exactly once
+(one process evaluating the same checkpoint on the source folder gets identical numbers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, compose_config, make_image_folder, read_report, tiny_overrides
+from tests.test_distributed import clean_env
+from tests.test_shards_torchvision import shard_folder
+
+TIMEOUT = 300  # a hang (one rank waiting in an all-reduce for a rank without batches) fails here
+
+
+def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(tmp_path: Path) -> None:
+    # 45 train images in shards of 20, 5, 13, 7: 2 ranks x 4 per device take 45 // 8 = 5 steps each, the same
+    # on both ranks although no rank's range lines up with the shards; 21 val images in shards of 11, 3, 7
+    # validate as 10 + 11, unpadded.
+    folder = make_image_folder(tmp_path / "img", classes=3, train_per_class=15, val_per_class=7)
+    shards = shard_folder(folder, tmp_path / "shards", "webdataset", [20, 5, 13, 7], [11, 3, 7])
+    run_dir = tmp_path / "run"
+    args = tiny_overrides(
+        shards, "data.format=webdataset", "data.batch_size=4", "data.num_workers=0", "trainer.accelerator=cpu",
+        "trainer.devices=2", "recipe.epochs=1", "recipe.warmup_epochs=0", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "global rank 1 of 2" in result.stdout + result.stderr  # two processes really ran
+    epoch = read_report(run_dir)["epochs"][-1]
+    assert epoch["step"] == 5
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 5
+
+    from imgcls.evaluate import run as evaluate
+
+    # evaluate.py's data.format/data.root overrides: the checkpoint's own val set, read from the folder.
+    overrides = [
+        f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", "data.format=folder", f"data.root={folder}",
+        "data.batch_size=4", f"output={tmp_path / 'eval.json'}", "trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+    one = evaluate(compose_config(overrides, "evaluate", run_dir=tmp_path))
+    assert one["val.top1"] == pytest.approx(epoch["val.top1"], abs=1e-6)
+    assert one["val.loss"] == pytest.approx(epoch["val.loss"], rel=1e-5)  # a sample counted twice would move it
