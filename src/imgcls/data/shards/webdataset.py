@@ -52,13 +52,15 @@ class ShardWriter:
     def write(self, key: str, image: bytes, label: int, image_ext: str = "jpg") -> None:
         for ext, data in ((image_ext, image), (LABEL_EXTENSION, str(int(label)).encode())):
             info = _member(f"{key}.{ext}", data)
-            # ustar headers, and a pax header only for a member whose name ustar cannot hold (the same bytes
-            # as tarfile's PAX_FORMAT, whose per-member pax check took half of the conversion time).
+            # ustar headers (tarfile's PAX_FORMAT gives the same bytes with a per-member pax check that took
+            # half of the conversion time), and GNU's long-name header for a name ustar cannot hold: DALI's
+            # webdataset reader (2.4) takes a pax header for a member and fails on the sample ("Underful
+            # sample"), and reads GNU long names.
             self._tar.format = tarfile.USTAR_FORMAT
             try:
                 self._tar.addfile(info, io.BytesIO(data))
             except ValueError:  # raised by the header encoding, before anything is written
-                self._tar.format = tarfile.PAX_FORMAT
+                self._tar.format = tarfile.GNU_FORMAT
                 self._tar.addfile(info, io.BytesIO(data))
 
     def close(self) -> None:
