@@ -183,6 +183,7 @@ def test_pipe_runs_once_and_caches_stdout(tmp_path: Path) -> None:
     source.write_bytes(b"changed")  # no remote size to compare: the copy stands until deleted (documented)
     assert Path(remote.local_copy(url, str(cache), {})).read_bytes() != b"changed"
     assert remote.read_text(f"pipe:echo {'{}'}", {}) == "{}\n"
+    assert Path(remote.cache_path("pipe:aws s3 cp s3://b/wds/train-7.tar -", str(cache))).name == "train-7.tar"
 
 
 def test_a_failing_pipe_leaves_no_copy(tmp_path: Path) -> None:
@@ -199,7 +200,8 @@ def test_a_failing_pipe_leaves_no_copy(tmp_path: Path) -> None:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Serves /full (DATA), /cut (states len(DATA), sends half, closes), /stall (half, then waits), /shrunk
-    (HEAD states len(DATA), GET sends a complete shorter body: the object changed between the two requests)."""
+    (HEAD states len(DATA), GET sends a complete shorter body: the object changed between the two requests),
+    /nosize (DATA without a Content-Length, the end marked by closing)."""
 
     data = b""
     stall = threading.Event()
@@ -211,9 +213,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path.endswith("/nosize"):
+            self.send_response(200)
+            self.end_headers()
+            return
         self._head()
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.path.endswith("/nosize"):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(self.data)
+            self.close_connection = True
+            return
         if self.path.endswith("/shrunk"):
             self.send_response(200)
             self.send_header("Content-Length", str(len(self.data) // 2))
@@ -234,10 +246,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that closes early (fsspec reading only the headers, a killed download)
+
+
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[str]:
     _Handler.data = os.urandom(1_000_000)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server = _QuietServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -256,6 +273,15 @@ def test_https_path_and_a_server_that_disconnects(http_server: str, tmp_path: Pa
     with pytest.raises(DataError, match=r"shards/shrunk: the download stopped at 500000 of 1000000 bytes$"):
         remote.local_copy(f"{http_server}/shards/shrunk", str(tmp_path), {})
     assert not Path(remote.cache_path(f"{http_server}/shards/shrunk", str(tmp_path))).exists()
+
+
+def test_a_server_that_states_no_size(http_server: str, tmp_path: Path) -> None:
+    url = f"{http_server}/shards/nosize"
+    first = Path(remote.local_copy(url, str(tmp_path), {}))
+    assert first.read_bytes() == _Handler.data
+    inode = first.stat().st_ino  # a new download would be a new file renamed over it
+    assert remote.local_copy(url, str(tmp_path), {}) == str(first)
+    assert first.stat().st_ino == inode, "without a size to compare, a copy once made is kept"
 
 
 def test_a_killed_download_leaves_no_shard(http_server: str, tmp_path: Path) -> None:
@@ -339,7 +365,7 @@ def test_an_http_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_
 
     local, _ = uploaded
     handler = functools.partial(_QuietFiles, directory=str(local.parent))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         root = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"

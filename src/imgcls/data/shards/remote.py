@@ -99,9 +99,14 @@ def cache_path(url: str, cache_dir: str) -> str:
     cache_dir = os.path.abspath(os.path.expanduser(str(cache_dir)))
     if url.startswith(PIPE):
         command = url[len(PIPE):]
-        words = shlex.split(command) if command.strip() else [""]
-        name = posixpath.basename(urlsplit(words[-1]).path) or "stdout"
-        parts = ["pipe", hashlib.sha256(command.encode()).hexdigest()[:16], name]
+        try:
+            words = shlex.split(command)
+        except ValueError:  # unbalanced quotes: the shell will say so when it runs
+            words = command.split()
+        # the file the command fetches: its last path-like word (`aws s3 cp s3://b/x.tar -` ends in "-")
+        paths = [w for w in words if not w.startswith("-") and ("/" in w or "." in w)]
+        name = posixpath.basename(urlsplit(paths[-1]).path) if paths else ""
+        parts = ["pipe", hashlib.sha256(command.encode()).hexdigest()[:16], name or "stdout"]
     else:
         split = urlsplit(url)
         parts = [split.scheme.lower(), split.netloc, *split.path.split("/")]
@@ -117,7 +122,7 @@ def local_copy(url: str, cache_dir: str, storage_options: Mapping[str, Any] | No
     """A local path holding the bytes of `url`: the path itself when local, else a copy under `cache_dir`,
     downloaded once (reused while its size equals the remote size), atomically; safe when several processes
     ask at once. pipe:CMD runs CMD once and keeps its stdout (there is no remote size to compare: delete the
-    copy to fetch it again)."""
+    copy to fetch it again); so is an HTTP file whose server states no size."""
     url = str(url)
     if not is_remote(url):
         return _local_path(url)
@@ -130,11 +135,11 @@ def local_copy(url: str, cache_dir: str, storage_options: Mapping[str, Any] | No
         return target
     fs, path = _filesystem(url, storage_options)
     size = _remote_size(fs, path, url)
-    if _cached_size(target) == size:
+    if _usable(target, size):
         return target
     with _lock(target):
-        if _cached_size(target) != size:  # another process may have fetched it while we waited
-            log.info("downloading %s (%d bytes) to %s", url, size, target)
+        if not _usable(target, size):  # another process may have fetched it while we waited
+            log.info("downloading %s (%s bytes) to %s", url, size, target)
             _download(url, target, lambda tmp: _copy_remote(fs, path, url, tmp), size=size)
     return target
 
@@ -182,23 +187,26 @@ def _invalidate(fs: Any, path: str) -> None:
         fs.invalidate_cache(path)
 
 
-def _remote_size(fs: Any, path: str, url: str) -> int:
+def _remote_size(fs: Any, path: str, url: str) -> int | None:
+    """The object's size; None from an HTTP server that does not state it (then, as for pipe:, a copy once
+    made is kept)."""
     _invalidate(fs, path)
     try:
         info = fs.info(path)
     except Exception as exc:
         raise _failure("read", url, exc) from None
+    if info.get("type") == "directory":
+        raise DataError(f"cannot read {url}: it is a folder, not a shard file")
     size = info.get("size")
-    if info.get("type") == "directory" or size is None:
-        raise DataError(f"cannot read {url}: not a file (a folder, or a server that does not state its size)")
-    return int(size)
+    return None if size is None else int(size)
 
 
-def _cached_size(target: str) -> int | None:
+def _usable(target: str, size: int | None) -> bool:
     try:
-        return os.stat(target).st_size
+        cached = os.stat(target).st_size
     except OSError:
-        return None
+        return False
+    return size is None or cached == size
 
 
 @contextlib.contextmanager
