@@ -81,9 +81,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module", params=["webdataset", "tfrecord"])
-def shards(request: pytest.FixtureRequest, folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shard_folder(folder, tmp_path_factory.mktemp(request.param), request.param, UNEVEN, [4, 6, 5])
+@pytest.fixture(scope="module")
+def shards(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Uneven webdataset shards. The plan does not depend on the format (both formats: `converted`)."""
+    return shard_folder(folder, tmp_path_factory.mktemp("uneven"), "webdataset", UNEVEN, [4, 6, 5])
 
 
 @pytest.fixture(scope="module", params=["webdataset", "tfrecord"])
