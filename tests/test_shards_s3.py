@@ -123,6 +123,13 @@ def test_concurrent_callers_share_one_download(s3: S3, tmp_path: Path) -> None:
     assert s3.requests.gets(key) == 1, "the lock file should make the other callers wait for the first download"
 
 
+def test_local_copies_keeps_the_order(s3: S3, tmp_path: Path) -> None:
+    blobs = [os.urandom(10_000 + i) for i in range(6)]
+    urls = [s3.put(f"many/train-{i:05d}.tar", blob) for i, blob in enumerate(blobs)]
+    paths = remote.local_copies(urls, str(tmp_path), s3.options, threads=3)
+    assert [Path(p).read_bytes() for p in paths] == blobs
+    assert remote.local_copies(["/a/b", "file:///c"], str(tmp_path)) == ["/a/b", "/c"]
+
 def test_list_names_and_read_text(s3: S3) -> None:
     s3.put("listing/manifest.json", b'{"format": "webdataset"}')
     s3.put("listing/train-00001-of-00002.tar", b"b")
