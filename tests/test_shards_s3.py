@@ -139,6 +139,9 @@ def test_list_names_and_read_text(s3: S3) -> None:
     assert remote.list_names(root + "/", s3.options) == [
         "manifest.json", "train-00000-of-00002.tar", "train-00001-of-00002.tar"]
     assert remote.read_text(root + "/manifest.json", s3.options) == '{"format": "webdataset"}'
+    binary = s3.put("binary/manifest.json", b"\x1f\x8b\x08\x00\xff")  # a gzipped file under the name
+    with pytest.raises(DataError, match=r"^s3://imgcls-shards/binary/manifest\.json is not UTF-8 text \(byte 1\)"):
+        remote.read_text(binary, s3.options)
 
 
 @pytest.mark.parametrize(

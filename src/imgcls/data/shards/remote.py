@@ -11,8 +11,9 @@ name. Several ranks and DataLoader workers can ask for the same shard at once: a
 makes the others wait for the first download instead of repeating it; where the filesystem cannot lock
 (some NFS mounts) each downloads its own temp file, and the renames replace one complete copy by another.
 
-Every failure (no such object or bucket, no credentials, connection refused, a missing fsspec
-implementation such as gcsfs) is one DataError line naming the URL, the reason and the key to change.
+Every failure is one line naming the URL, the reason and the key to change: a DataError (no such object or
+bucket, no credentials, connection refused, a missing fsspec implementation such as gcsfs), a ConfigError
+(an option in data.storage_options the filesystem refuses), a StorageError (the cache disk).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def is_remote(path: str) -> bool:
     if path.startswith(PIPE):
         return True
     scheme, sep, _ = path.partition("://")
-    return bool(sep) and scheme.lower() not in ("file", "local") and "/" not in scheme
+    return bool(sep) and scheme.lower() != "file" and "/" not in scheme
 
 
 def read_text(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
@@ -55,21 +56,22 @@ def read_text(url: str, storage_options: Mapping[str, Any] | None = None) -> str
     if not is_remote(url):
         path = _local_path(url)
         try:
-            with open(path, encoding="utf-8") as f:
-                return f.read()
+            with open(path, "rb") as f:
+                return _text(f.read(), path)
         except OSError as exc:
             raise DataError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
     if url.startswith(PIPE):
         with tempfile.TemporaryFile() as out:
             _run_pipe(url, out)
             out.seek(0)
-            return out.read().decode("utf-8")
+            return _text(out.read(), url)
     fs, path = _filesystem(url, storage_options)
     try:
         _invalidate(fs, path)
-        return fs.cat_file(path).decode("utf-8")
+        data = fs.cat_file(path)
     except Exception as exc:  # fsspec implementations raise their own types (botocore, aiohttp): one line each
         raise _failure("read", url, exc) from None
+    return _text(data, url)
 
 
 def list_names(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -144,7 +146,6 @@ def local_copy(url: str, cache_dir: str, storage_options: Mapping[str, Any] | No
     return target
 
 
-
 def local_copies(urls: list[str], cache_dir: str, storage_options: Mapping[str, Any] | None = None,
                  threads: int = 8) -> list[str]:
     """local_copy of each URL, `threads` downloads at a time (one S3 stream reaches a fraction of a
@@ -156,7 +157,15 @@ def local_copies(urls: list[str], cache_dir: str, storage_options: Mapping[str, 
     with ThreadPoolExecutor(max(1, min(threads, len(urls)))) as pool:
         return list(pool.map(lambda u: local_copy(u, cache_dir, storage_options), urls))
 
+
 # -- internals -----------------------------------------------------------------------------------------------
+
+
+def _text(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where} is not UTF-8 text (byte {exc.start}); a manifest.json was expected") from None
 
 
 def _local_path(path: str) -> str:
@@ -188,8 +197,8 @@ def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[An
     except ValueError as exc:
         raise DataError(f"cannot read {url}: {str(exc).splitlines()[0]}") from None
     except TypeError as exc:  # an option the filesystem does not take
-        raise ConfigError(f"data.storage_options={options} is not accepted for {scheme}://: "
-                          f"{str(exc).splitlines()[0]}") from None
+        # (the options themselves stay out of the message: they may hold a secret key)
+        raise ConfigError(f"data.storage_options is not accepted for {url}: {str(exc).splitlines()[0]}") from None
 
 
 def _invalidate(fs: Any, path: str) -> None:
@@ -228,18 +237,16 @@ def _lock(target: str) -> Iterator[None]:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise StorageError(f"cannot create {folder} (data.shard_cache): {exc.strerror or type(exc).__name__}") from None
-    lock_path = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.lock")
-    try:
+    lock_path = os.path.join(folder, f".{os.path.basename(target)}.lock")
+    fd = None
+    with contextlib.suppress(OSError):  # no lock file or no flock: each process downloads its own temp file
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        yield  # cannot make a lock file: each process downloads its own temp file (still atomic)
-        return
+        fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # closing releases the lock
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
 
 
 def _download(url: str, target: str, fetch: Any, size: int | None) -> None:
