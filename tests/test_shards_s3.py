@@ -60,6 +60,7 @@ def s3() -> Iterator[S3]:
 
     requests = _RequestLog()
     werkzeug = logging.getLogger("werkzeug")
+    level = werkzeug.level
     werkzeug.addHandler(requests)
     werkzeug.setLevel(logging.INFO)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -70,6 +71,7 @@ def s3() -> Iterator[S3]:
     yield store
     server.stop()
     werkzeug.removeHandler(requests)
+    werkzeug.setLevel(level)
 
 
 def _files(folder: Path) -> list[str]:
