@@ -125,6 +125,15 @@ def test_concurrent_callers_share_one_download(s3: S3, tmp_path: Path) -> None:
     assert s3.requests.gets(key) == 1, "the lock file should make the other callers wait for the first download"
 
 
+def test_a_large_object_in_parallel_ranged_parts(s3: S3, tmp_path: Path) -> None:
+    """s3fs fetches an object above its block size (50 MiB: an ImageNet shard) as ranged parts at once;
+    a 1 MiB block size takes that path with a small object."""
+    data = os.urandom(3_500_000)
+    url = s3.put("large/train-00000-of-00001.tar", data)
+    options = {**s3.options, "default_block_size": 1 << 20, "max_concurrency": 3}
+    assert Path(remote.local_copy(url, str(tmp_path), options)).read_bytes() == data
+    assert s3.requests.gets("large/train-00000-of-00001.tar") == 5, "the first GET, then one per 1 MiB part"
+
 def test_local_copies_keeps_the_order(s3: S3, tmp_path: Path) -> None:
     blobs = [os.urandom(10_000 + i) for i in range(6)]
     urls = [s3.put(f"many/train-{i:05d}.tar", blob) for i, blob in enumerate(blobs)]

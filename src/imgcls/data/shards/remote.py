@@ -271,7 +271,8 @@ def _download(url: str, target: str, fetch: Any, size: int | None) -> None:
 
 
 def _copy_remote(fs: Any, path: str, url: str, tmp: str) -> None:
-    # get_file is one sequential GET (s3fs resumes it with a Range on a dropped connection). Not fs.open +
+    # get_file: HTTP, one GET; s3fs, one GET resumed with a Range after a dropped read, or above its block
+    # size (50 MiB) ranged parts fetched at once (max_concurrency, 10) and written in place. Not fs.open +
     # read: fsspec's HTTP file reads in ranges and takes a short 200 reply from a server that ignores Range
     # for the range asked, so a changed object came back as its first half twice, at the listed size.
     try:
