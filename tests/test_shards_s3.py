@@ -93,7 +93,7 @@ def test_local_copy_downloads_once_and_refreshes_a_changed_object(s3: S3, tmp_pa
     assert s3.requests.gets(key) == 1
 
     assert remote.local_copy(url, str(tmp_path), s3.options) == path
-    assert s3.requests.gets(key) == 1, "a cached copy of the listed size is downloaded again"
+    assert s3.requests.gets(key) == 1, "a cached copy of the listed size must not be downloaded again"
 
     second = os.urandom(200_000)
     s3.put(key, second)
@@ -134,12 +134,14 @@ def test_a_large_object_in_parallel_ranged_parts(s3: S3, tmp_path: Path) -> None
     assert Path(remote.local_copy(url, str(tmp_path), options)).read_bytes() == data
     assert s3.requests.gets("large/train-00000-of-00001.tar") == 5, "the first GET, then one per 1 MiB part"
 
+
 def test_local_copies_keeps_the_order(s3: S3, tmp_path: Path) -> None:
     blobs = [os.urandom(10_000 + i) for i in range(6)]
     urls = [s3.put(f"many/train-{i:05d}.tar", blob) for i, blob in enumerate(blobs)]
     paths = remote.local_copies(urls, str(tmp_path), s3.options, threads=3)
     assert [Path(p).read_bytes() for p in paths] == blobs
     assert remote.local_copies(["/a/b", "file:///c"], str(tmp_path)) == ["/a/b", "/c"]
+
 
 def test_list_names_and_read_text(s3: S3) -> None:
     s3.put("listing/manifest.json", b'{"format": "webdataset"}')
