@@ -236,6 +236,22 @@ def test_tf1_folder_with_dali_index_files_opens_without_a_manifest(converted: di
     assert imagenet.classes[:2] == ["n01440764", "n01443537"] and len(imagenet.classes) == 1000
 
 
+def test_nvidia_layout_tfrecords_beside_dali_idx(converted: dict[str, Path], tmp_path: Path) -> None:
+    """NVIDIA's TF1 layout: --data_dir=${DATA_DIR}/tfrecords --data_idx_dir=${DATA_DIR}/dali_idx, siblings. The
+    index files are found there without data.index_dir: counted from them, and DALI is given them (no scan)."""
+    data_dir = tmp_path / "DATA_DIR"
+    root = _copy_without_manifest(converted["tfrecord"], data_dir / "tfrecords", with_index=False)
+    shutil.copytree(converted["tfrecord"] / "dali_idx", data_dir / "dali_idx")
+    cfg = {"root": str(root), "format": "tfrecord", "num_classes": 3, "shard_cache": str(tmp_path / "cache")}
+    shard_set = open_shard_set(cfg)
+    assert shard_set.count("train") == 26 and shard_set.count("val") == 12
+    paths = [s.url for s in shard_set.splits["train"]]
+    assert tfrecord.dali_index_files(paths, None, str(tmp_path / "cache")) == [
+        str(data_dir / "dali_idx" / f"{os.path.basename(p)}.idx") for p in paths
+    ]
+    assert not (tmp_path / "cache").exists()  # neither counting nor DALI's index needed a scan
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_shards_without_index_files_are_counted_by_a_cached_scan(
     converted: dict[str, Path], tmp_path: Path, fmt: str

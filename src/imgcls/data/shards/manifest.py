@@ -211,13 +211,10 @@ def _from_names(
 def _count(url: str, fmt: str, options: Any, is_url: bool, index_dir: str | None, cache_dir: str | None) -> int:
     """A shard's record count: its DALI index file's line count if there is one, else a scan of its headers
     (cached, keyed by path, size and mtime: an ImageNet train set is 1.28 M headers)."""
-    name = os.path.basename(url)
     if fmt == "tfrecord":
-        for folder in [index_dir] if index_dir else []:
-            if os.path.isfile(os.path.join(folder, f"{name}.idx")):
-                return tfrecord.index_count(os.path.join(folder, f"{name}.idx"))
-        if not is_url and os.path.isfile(os.path.join(os.path.dirname(url), INDEX_DIR, f"{name}.idx")):
-            return tfrecord.index_count(os.path.join(os.path.dirname(url), INDEX_DIR, f"{name}.idx"))
+        index = tfrecord.existing_index(url, index_dir)  # a URL's own folder is never a local file: only index_dir
+        if index is not None:
+            return tfrecord.index_count(index)
     if is_url:
         if cache_dir is None:
             raise ConfigError(f"data.shard_cache is not set; {url} must be copied there to be counted")

@@ -177,22 +177,28 @@ def index_text(spans: list[tuple[int, int]]) -> str:
     return "".join(f"{offset} {length}\n" for offset, length in spans)
 
 
+def existing_index(path: str, index_dir: str | None) -> Path | None:
+    """The user's DALI index file of the TFRecord file PATH, if any: INDEX_DIR/NAME.idx (NVIDIA --data_idx_dir),
+    else SHARD_DIR/dali_idx/NAME.idx, else SHARD_DIR/../dali_idx/NAME.idx (NVIDIA's TF1 layout:
+    ${DATA_DIR}/tfrecords beside ${DATA_DIR}/dali_idx, as made by TF1/utils/dali_index.sh)."""
+    name = f"{os.path.basename(path)}.idx"
+    shard_dir = Path(path).parent
+    candidates = [Path(index_dir) / name] if index_dir else []
+    candidates += [shard_dir / "dali_idx" / name, shard_dir.parent / "dali_idx" / name]
+    return next((c for c in candidates if c.is_file()), None)
+
+
 def dali_index_files(local_paths: list[str], index_dir: str | None, cache_dir: str) -> list[str]:
-    """The DALI index file of each local TFRecord file: INDEX_DIR/NAME.idx if given and present, else
-    SHARD_DIR/dali_idx/NAME.idx if present, else one made once (atomically: ranks racing write the same
-    bytes) under CACHE_DIR/dali_idx/, keyed by the shard's path, size and mtime. Never written into the
-    user's data folder."""
+    """The DALI index file of each local TFRecord file: the user's (existing_index), else one made once
+    (atomically: ranks racing write the same bytes) under CACHE_DIR/dali_idx/, keyed by the shard's path, size
+    and mtime. Never written into the user's data folder."""
     found = []
     for path in local_paths:
-        name = os.path.basename(path)
-        candidates = ([Path(index_dir) / f"{name}.idx"] if index_dir else []) + [
-            Path(path).parent / "dali_idx" / f"{name}.idx"
-        ]
-        existing = next((c for c in candidates if c.is_file()), None)
+        existing = existing_index(path, index_dir)
         if existing is None:
             stat = os.stat(path)
             key = hashlib.sha1(f"{os.path.realpath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
-            existing = Path(cache_dir) / "dali_idx" / key[:16] / f"{name}.idx"
+            existing = Path(cache_dir) / "dali_idx" / key[:16] / f"{os.path.basename(path)}.idx"
             if not existing.is_file():
                 text = index_text(scan_file(path))
                 write_atomic(existing, lambda tmp, text=text: tmp.write_text(text), what="DALI index file")
