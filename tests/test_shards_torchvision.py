@@ -220,24 +220,28 @@ def test_train_epoch_over_two_ranks_and_two_workers(shards: Path) -> None:
 
 
 def test_resume_after_k_batches_continues_with_the_uninterrupted_batches(shards: Path) -> None:
-    """Random crops and flips on: the resumed loader (a new one, as in a new process) yields, bitwise, the
-    batches an uninterrupted epoch yields after the first k, from the state a checkpoint stores."""
+    """Random crops and flips on, 2 workers: the resumed loader (a new data module, as in a new process)
+    yields, bitwise, the batches an uninterrupted epoch yields after the first k, from the position the data
+    module puts in a checkpoint (ClassificationDataModule.state_dict, which Lightning stores)."""
+    from imgcls.data.datamodule import ClassificationDataModule
+
     cfg = data_cfg(shards, "data.num_workers=2", "data.hflip=0.5")
     full = make_backend(cfg).loader("train", 4, 0, 1, 0)
     full.sampler.set_epoch(1)
     expected = batches(full)
-    first = make_backend(cfg).loader("train", 4, 0, 1, 0)
-    first.sampler.set_epoch(1)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches(first, 3), expected))
+    first = ClassificationDataModule(cfg, batch_size=4)
+    loader = first.train_dataloader()
+    loader.sampler.set_epoch(1)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches(loader, 3), expected))
     state = first.state_dict()
-    assert state == {"epoch": 1, "consumed": 12}
-    resumed = make_backend(cfg).loader("train", 4, 0, 1, 0)
+    assert state == {"train_loader": {"epoch": 1, "consumed": 12}}
+    resumed = ClassificationDataModule(cfg, batch_size=4)
     resumed.load_state_dict(state)
-    rest = batches(resumed)
-    assert len(rest) == len(expected) - 3 == 5
+    rest = batches(resumed.train_dataloader())
+    assert len(rest) == len(expected) - 3 == 5  # 35 // 4 = 8 batches an epoch
     for (x, y), (ex, ey) in zip(rest, expected[3:]):
         assert torch.equal(x, ex) and torch.equal(y, ey)
-    assert resumed.state_dict() == {"epoch": 1, "consumed": 32}
+    assert resumed.state_dict() == {"train_loader": {"epoch": 1, "consumed": 32}}
 
 
 def test_label_base_one_tfrecords_without_manifest(folder: Path, tmp_path: Path) -> None:
