@@ -101,6 +101,12 @@ def test_local_copy_downloads_once_and_refreshes_a_changed_object(s3: S3, tmp_pa
     assert s3.requests.gets(key) == 2
     assert [n for n in _files(tmp_path) if ".part" in n] == []
 
+    # a listing (open_shard_set makes one) fills fsspec's listing cache with the sizes of that moment
+    assert "train-00000-of-00001.tar" in remote.list_names(f"s3://{BUCKET}/once", s3.options)
+    third = os.urandom(100_000)
+    s3.put(key, third)
+    assert Path(remote.local_copy(url, str(tmp_path), s3.options)).read_bytes() == third
+
 
 def test_a_truncated_copy_is_replaced_and_temp_files_are_not_used(s3: S3, tmp_path: Path) -> None:
     """What a download killed by an older tool (or a full disk) would leave: a short file at the cache path
