@@ -197,6 +197,13 @@ def test_no_credentials_is_one_line(s3: S3, tmp_path: Path, monkeypatch: pytest.
         remote.local_copy(f"s3://{BUCKET}/k.tar", str(tmp_path / "cache"), options)
 
 
+def test_no_cache_folder_is_one_line(tmp_path: Path) -> None:
+    for unset in (None, "", "None"):
+        with pytest.raises(ConfigError, match=r"^data\.shard_cache is not set; s3://b/k\.tar is copied there"):
+            remote.local_copy("s3://b/k.tar", unset, {})
+    assert remote.local_copy(str(tmp_path), None) == str(tmp_path), "a local path needs no cache"
+
+
 def test_an_unknown_storage_option_names_the_key(s3: S3, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^data\.storage_options is not accepted .*'endpointurl'"):
         remote.local_copy(f"s3://{BUCKET}/k.tar", str(tmp_path), {"endpointurl": s3.endpoint, **CREDENTIALS})

@@ -120,7 +120,7 @@ def cache_path(url: str, cache_dir: str) -> str:
     return os.path.join(cache_dir, *parts)
 
 
-def local_copy(url: str, cache_dir: str, storage_options: Mapping[str, Any] | None = None) -> str:
+def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, Any] | None = None) -> str:
     """A local path holding the bytes of `url`: the path itself when local, else a copy under `cache_dir`,
     downloaded once (reused while its size equals the remote size), atomically; safe when several processes
     ask at once. pipe:CMD runs CMD once and keeps its stdout (there is no remote size to compare: delete the
@@ -128,6 +128,9 @@ def local_copy(url: str, cache_dir: str, storage_options: Mapping[str, Any] | No
     url = str(url)
     if not is_remote(url):
         return _local_path(url)
+    if cache_dir is None or str(cache_dir).strip() in ("", "None"):  # str(None) from a caller's str(cfg.shard_cache)
+        raise ConfigError(f"data.shard_cache is not set; {url} is copied there before it is read (set a folder "
+                          "on local disk)")
     target = cache_path(url, cache_dir)
     if url.startswith(PIPE):
         if not os.path.exists(target):
