@@ -292,3 +292,17 @@ def test_plan_mode_counts_the_shard_sets_train_images(shards: Path) -> None:
     from imgcls.plan import train_images
 
     assert train_images(data_cfg(shards)) == (35, f"{_format(shards)} shards in {shards}")
+
+
+def test_a_shard_shorter_than_its_listing_and_too_few_samples_are_one_line(folder: Path, tmp_path: Path) -> None:
+    splits = {
+        "train": write_shards(folder_records(folder, "train"), tmp_path, "webdataset", [35], "train"),
+        "val": write_shards(folder_records(folder, "val"), tmp_path, "webdataset", [15], "validation"),
+    }
+    splits["val"] = [(splits["val"][0][0], 16)]  # the manifest promises one record more than the shard holds
+    write_manifest(tmp_path, manifest_document("webdataset", 0, ["class_0", "class_1", "class_2"], splits))
+    backend = make_backend(data_cfg(tmp_path))
+    message = error_of(backend.loader("val", 4, 0, 1, 0))
+    assert message == f"shard {tmp_path / 'validation-00000-of-00001.tar'} holds 15 records, its listing says 16"
+    with pytest.raises(DataError, match=r"has 35 train samples, fewer than one batch on each rank \(2 x "):
+        backend.loader("train", 32, 0, 2, 0)
