@@ -19,7 +19,6 @@ from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.samplers import ResumableDataLoader, ShardSampler
 from imgcls.data.shards.manifest import open_shard_set
-from imgcls.data.shards.remote import is_remote
 from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform
@@ -81,16 +80,10 @@ class ShardBackend:
                 self.shard_set,
                 split,
                 _transform(self.cfg, split, image_size, augment_magnitude),
-                self._cache_dir(),
+                self.cfg.get("shard_cache"),  # null (an older checkpoint's config): remote.py says so for a URL
                 OmegaConf.to_container(self.cfg.storage_options) if self.cfg.get("storage_options") else {},
             )
         return self._datasets[key]
-
-    def _cache_dir(self) -> str:
-        cache = self.cfg.get("shard_cache")  # null only from an older checkpoint's config (evaluate.py)
-        if cache is None and is_remote(str(self.cfg.root)):
-            raise ConfigError(f"data.shard_cache is not set; data.root={self.cfg.root} needs a local cache folder")
-        return str(cache or "")
 
     def loader(
         self,

@@ -189,7 +189,7 @@ class ShardRecords(Dataset):
         shard_set: ShardSet,
         split: str,
         transform: Callable[[Any], Any],
-        cache_dir: str,
+        cache_dir: str | None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         shards = shard_set.splits[split]
@@ -198,7 +198,7 @@ class ShardRecords(Dataset):
         self.fmt = shard_set.format
         self.label = shard_set.label  # stored label -> 0..N-1, or a DataError naming data.label_base
         self.transform = transform
-        self.cache_dir, self.storage_options = str(cache_dir), dict(storage_options or {})
+        self.cache_dir, self.storage_options = cache_dir, dict(storage_options or {})
         self._shard: tuple[int, list[tuple[bytes, int, str]]] | None = None
 
     def __len__(self) -> int:
