@@ -124,13 +124,19 @@ class DaliLoader:
         # The reader's shard of this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it.
         self.shard_size = (rank + 1) * total // world_size - rank * total // world_size
         if drop_last:
-            # DROP: every rank takes the same number of steps (DDP would hang otherwise), as DALI counts them.
+            # Every rank takes the same number of steps (DDP would hang otherwise): the full batches of the
+            # smallest shard.
             self.length = (total // world_size) // batch_size
         else:
             self.length = math.ceil(self.shard_size / batch_size)
         if self.length == 0:
             raise DataError(f"{total} images over {world_size} rank(s) make no full batch of {batch_size}")
-        policy = LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL
+        # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
+        # DALI's DROP policy: the train reader pads every shard to ceil(N / W) records, and when the smaller
+        # shard N // W is a whole number of batches, DROP ends the epoch one padded batch before the reader
+        # does; that batch (the shard's last record repeated) then opened the next epoch, whose own last
+        # records moved on to the epoch after, and so on. PARTIAL iterates the reader's whole epoch.
+        policy = LastBatchPolicy.PARTIAL
         self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
         self._worker = _Worker() if self.prefetch else None
         if self._worker is not None:
@@ -203,11 +209,17 @@ class DaliLoader:
             result = (*result, out["crop_shape"].clone())
         return _Batch(read, bad, result)
 
+    def _wanted(self) -> bool:
+        """Whether the DALI batch just taken is one of the epoch's `length` (train: the rest is padding and
+        records past the smallest shard's full batches, read only to end the reader's epoch)."""
+        return not self.drop_last or self._consumed <= self.length
+
     def _epoch(self) -> Iterator[_Batch]:
         """This epoch's batches, made in the consumer's thread."""
         for batch in self._iterator:
             self._consumed += 1
-            yield self._prepare(batch[0])
+            if self._wanted():
+                yield self._prepare(batch[0])
         self._iterator.reset()
         self._consumed = 0
         self.epoch += 1
@@ -227,7 +239,7 @@ class DaliLoader:
         try:
             for batch in self._iterator:
                 self._consumed += 1
-                if not put(("batch", self._prepare(batch[0]))):
+                if self._wanted() and not put(("batch", self._prepare(batch[0]))):
                     return
             self._iterator.reset()
             self._consumed = 0
