@@ -19,23 +19,36 @@ from tests.test_shards_torchvision import shard_folder
 TIMEOUT = 300  # a hang (one rank waiting in an all-reduce for a rank without batches) fails here
 
 
-def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(tmp_path: Path) -> None:
-    # 45 train images in shards of 20, 5, 13, 7: 2 ranks x 4 per device take 45 // 8 = 5 steps each, the same
-    # on both ranks although no rank's range lines up with the shards; 21 val images in shards of 11, 3, 7
-    # validate as 10 + 11, unpadded.
-    folder = make_image_folder(tmp_path / "img", classes=3, train_per_class=15, val_per_class=7)
-    shards = shard_folder(folder, tmp_path / "shards", "webdataset", [20, 5, 13, 7], [11, 3, 7])
-    run_dir = tmp_path / "run"
-    args = tiny_overrides(
-        shards, "data.format=webdataset", "data.batch_size=4", "data.num_workers=0", "trainer.accelerator=cpu",
-        "trainer.devices=2", "recipe.epochs=1", "recipe.warmup_epochs=0", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+def _train(args: list[str], run_dir: Path, *extra: str) -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}", *extra],
+        cwd=run_dir.parent, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "global rank 1 of 2" in result.stdout + result.stderr  # two processes really ran
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    # 45 train images in shards of 20, 5, 13, 7: 2 ranks x 4 per device take 45 // 8 = 5 steps each, the same
+    # on both ranks although no rank's range lines up with the shards; 21 val images in shards of 11, 3, 7
+    # validate as 10 + 11, unpadded.
+    tmp = tmp_path_factory.mktemp("uneven")
+    folder = make_image_folder(tmp / "img", classes=3, train_per_class=15, val_per_class=7)
+    shards = shard_folder(folder, tmp / "shards", "webdataset", [20, 5, 13, 7], [11, 3, 7])
+    args = tiny_overrides(
+        shards, "data.format=webdataset", "data.batch_size=4", "data.num_workers=0", "trainer.accelerator=cpu",
+        "trainer.devices=2", "recipe.epochs=1", "recipe.warmup_epochs=0",
+    )  # fmt: skip
+    return folder, tmp, args
+
+
+def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(
+    uneven: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    folder, tmp, args = uneven
+    run_dir = tmp / "run"
+    _train(args, run_dir)
     epoch = read_report(run_dir)["epochs"][-1]
     assert epoch["step"] == 5
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -51,3 +64,28 @@ def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(tm
     one = evaluate(compose_config(overrides, "evaluate", run_dir=tmp_path))
     assert one["val.top1"] == pytest.approx(epoch["val.top1"], abs=1e-6)
     assert one["val.loss"] == pytest.approx(epoch["val.loss"], rel=1e-5)  # a sample counted twice would move it
+
+
+def test_two_processes_stopped_inside_a_shard_resume_to_identical_weights_steps_and_lr(
+    uneven: tuple[Path, Path, list[str]],
+) -> None:
+    """Stopped after 3 of 5 steps (rank 0 is inside its second shard, rank 1 inside its first) and resumed with
+    ckpt_path=last: the same step count, learning rate and final weights, bitwise, as the run that was not
+    stopped (the previous test's run: this one runs after it, in the same module)."""
+    _, tmp, args = uneven
+    ref_dir, run_dir = tmp / "run", tmp / "resumed"
+    if not (ref_dir / "checkpoints" / "last.ckpt").exists():  # run alone (-k): make the reference here
+        _train(args, ref_dir)
+    _train(args, run_dir, "trainer.max_steps=3")
+    stopped = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert stopped["global_step"] == 3
+    _train(args, run_dir, "ckpt_path=last")
+    ref = torch.load(ref_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert resumed["global_step"] == ref["global_step"] == 5
+    lrs = [[group["lr"] for group in opt["param_groups"]] for opt in (ref["optimizer_states"][0],
+                                                                     resumed["optimizer_states"][0])]
+    assert lrs[0] == lrs[1]
+    assert resumed["lr_schedulers"] == ref["lr_schedulers"]
+    for name, tensor in ref["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], tensor), name
