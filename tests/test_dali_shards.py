@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def shards(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     return {fmt: make_shards(folder, base / fmt, fmt) for fmt in FORMATS}
 
 
-def backend_for(root: Path, cache: Path, *extra: str):
+def backend_for(root: Path | str, cache: Path, *extra: str):
     overrides = tiny_overrides(root, "data.backend=dali_cpu", f"data.shard_cache={cache}", *extra)
     return make_backend(compose_config(overrides).data)
 
@@ -178,3 +179,39 @@ def test_a_rebuilt_loader_restarts_the_epoch_stream(shards: dict[str, Path], tmp
     epoch(loader)
     again = epoch(backend_for(shards["webdataset"], tmp_path, "data.format=webdataset").loader("train", 4, 0, 2, 0))
     assert torch.equal(first[1], again[1]) and torch.allclose(first[0], again[0])
+
+
+@pytest.fixture(scope="module")
+def s3_root(shards: dict[str, Path]) -> Iterator[tuple[str, dict[str, str]]]:
+    """The TFRecord shards and manifest (no index files) in a bucket of moto's real S3 server on 127.0.0.1."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+    client.create_bucket(Bucket="imgcls-dali")
+    for path in shards["tfrecord"].iterdir():
+        if path.is_file():
+            client.put_object(Bucket="imgcls-dali", Key=f"tf/{path.name}", Body=path.read_bytes())
+    yield "s3://imgcls-dali/tf", {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    server.stop()
+
+
+def test_s3_shards_are_read_from_the_local_cache(
+    folder: Path, s3_root: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    url, options = s3_root
+    cache = tmp_path / "cache"
+    storage = [f"+data.storage_options.{k}={v}" for k, v in options.items()]
+    backend = backend_for(url, cache, "data.format=tfrecord", *storage)
+    reference = by_content(*epoch(backend_for(folder, tmp_path).loader("val", 4, 0, 1, seed=0)))
+    images, labels = by_content(*epoch(backend.loader("val", 4, 0, 1, seed=0)))
+    assert labels.tolist() == reference[1].tolist() and torch.allclose(images, reference[0])
+    # DALI read local copies: the shards under data.shard_cache/s3/<bucket>/..., their index files made there.
+    copies = sorted(p.name for p in (cache / "s3" / "imgcls-dali" / "tf").iterdir() if not p.name.startswith("."))
+    assert copies == ["validation-00000-of-00002", "validation-00001-of-00002"]
+    assert len(list((cache / "dali_idx").rglob("validation-*.idx"))) == 2

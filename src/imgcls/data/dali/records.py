@@ -29,16 +29,18 @@ from imgcls.errors import DataError
 
 # A shard reader's shuffle buffer (fn.readers.*(random_shuffle=True, initial_fill=...)): DALI's default of
 # 1,024 records, about 110 MB of encoded ImageNet JPEGs per rank (docs/data-backends.md "Startup" measured
-# that buffer for the folder reader). The shards come shuffled (the converter and TF1's
-# build_imagenet_data.py both shuffle the whole split before sharding), so the buffer only has to vary
-# the order between epochs, not to mix classes. Capped to a quarter of the smallest rank's shard on tiny
-# datasets: a buffer as large as the shard would hold the records the cyclic reader is about to repeat.
+# that buffer for the folder reader). DALI picks each record uniformly among the buffered records of the
+# current epoch only (its Loader keeps one buffer segment per epoch), so an epoch never repeats or borrows a
+# record whatever the size; the size bounds how far a record moves: it comes out at most `initial_fill`
+# places before its place in the rank's range. The shards come shuffled (the converter and TF1's
+# build_imagenet_data.py both shuffle the whole split before sharding), so the buffer only has to vary the
+# order between epochs, not mix classes. Capped to a rank's records: more would only be read ahead.
 SHUFFLE_FILL = 1024
 BAD_LABEL = np.iinfo(np.int64).min  # a .cls member that is not a whole number; ShardCatalog reports it
 
 
-def shuffle_fill(smallest_shard: int) -> int:
-    return max(1, min(SHUFFLE_FILL, smallest_shard // 4))
+def shuffle_fill(records_per_rank: int) -> int:
+    return max(1, min(SHUFFLE_FILL, records_per_rank))
 
 
 @lru_cache(maxsize=4096)
