@@ -30,6 +30,7 @@ from nvidia.dali.auto_aug import auto_augment, rand_augment
 from imgcls.data.bad_images import scan_bytes
 from imgcls.data.dali import records
 from imgcls.data.shards.tfrecord import IMAGE_KEY, LABEL_KEY
+from imgcls.data.shards.webdataset import IMAGE_EXTENSIONS, LABEL_EXTENSION
 from imgcls.errors import ConfigError
 
 READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
@@ -194,8 +195,9 @@ def _read_records(source: ShardSource, shard_id: int, num_shards: int, training:
     else:
         # Alternatives of one component are ';'-separated; a sample without an image or a label stops
         # the reader naming the tar (DALI's error, raised through the loader).
+        images = ";".join(IMAGE_EXTENSIONS)
         jpegs, stored = fn.readers.webdataset(
-            paths=list(source.paths), ext=["jpg;jpeg;png", "cls"], missing_component_behavior="error", **common
+            paths=list(source.paths), ext=[images, LABEL_EXTENSION], missing_component_behavior="error", **common
         )
         check = check_webdataset
     info = fn.get_property(jpegs, key="source_info")

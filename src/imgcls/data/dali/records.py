@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from imgcls.data.bad_images import BadSample, scan_bytes
-from imgcls.data.shards import tfrecord
+from imgcls.data.shards import tfrecord, webdataset
 from imgcls.data.shards.manifest import ShardSet
 from imgcls.errors import DataError
 
@@ -108,28 +108,32 @@ class ShardCatalog:
         return labels
 
     def bad_samples(self, keys: torch.Tensor) -> list[BadSample]:
-        """The records the pipeline flagged, each named by its shard and place; the reason is found again
-        by reading that one record (a bad record is rare; the pipeline kept only a placeholder)."""
-        return [BadSample(self.name(k), self._reason(k) or "not decodable by DALI") for k in keys]
+        """The records the pipeline flagged, named `<shard file>:<record name>` as the torchvision path names
+        them (the record's image/filename or tar key; else its byte offset), with the reason. Both are found
+        again by reading that one record: a bad record is rare, and the pipeline kept only a placeholder."""
+        bad = []
+        for key in keys:
+            path, offset = self._path_of.get(int(key[0]), "?"), int(key[1])
+            name, reason = self._reread(path, offset)
+            bad.append(BadSample(f"{path}:{name}" if name else self.name(key), reason or "not decodable by DALI"))
+        return bad
 
-    def _reason(self, key: torch.Tensor) -> str | None:
-        path, offset = self._path_of.get(int(key[0])), int(key[1])
-        if path is None:
-            return None
+    def _reread(self, path: str, offset: int) -> tuple[str | None, str | None]:
+        """(record name, bad_images.scan_bytes reason) of the record at `offset` (DALI's source_info)."""
         try:
             with open(path, "rb") as f:
                 if self.shards.format == "tfrecord":  # offset: the record's length field
                     f.seek(offset)
                     (length,) = struct.unpack("<Q", f.read(8))
                     f.seek(4, os.SEEK_CUR)  # the length's checksum
-                    image, _, _ = tfrecord.decode_example(f.read(length), path)
+                    image, _, name = tfrecord.decode_example(f.read(length), path)
                 else:  # offset: the member's data, after its 512-byte tar header
                     f.seek(offset - tarfile.BLOCKSIZE)
-                    size = tarfile.TarInfo.frombuf(f.read(tarfile.BLOCKSIZE), "utf-8", "surrogateescape").size
-                    image = f.read(size)
+                    member = tarfile.TarInfo.frombuf(f.read(tarfile.BLOCKSIZE), "utf-8", "surrogateescape")
+                    image, name = f.read(member.size), webdataset.split_name(member.name)[0]
         except (OSError, ValueError, struct.error, tarfile.TarError, DataError):
-            return None
-        return scan_bytes(image)
+            return None, None
+        return name, scan_bytes(image)
 
     def trace_tokens(self, keys: torch.Tensor) -> list[str]:
         """'SHARD_FILE_NAME@OFFSET' per record (data.trace_dir)."""
