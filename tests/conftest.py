@@ -24,6 +24,23 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def _compute_threads() -> int:
+    """The cores of this machine shared among pytest-xdist's workers (`make test` runs 2 on 2 cores)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+# torch's default of one OpenMP thread per core oversubscribes the cores when each xdist worker (or its train.py
+# subprocess) computes at the same time: the threads spin waiting for a core the other worker holds. Set before
+# torch is imported, here and (through the environment) in every subprocess; DDP tests set 1 themselves.
+# Measured in docs/testing.md.
+if "OMP_NUM_THREADS" not in os.environ or os.environ.get("IMGCLS_TEST_THREADS") == os.environ["OMP_NUM_THREADS"]:
+    # (not a value the user set; xdist's workers inherit the value the controller process set here)
+    os.environ["OMP_NUM_THREADS"] = os.environ["IMGCLS_TEST_THREADS"] = str(_compute_threads())
+if "torch" in sys.modules:  # imported by a plugin before this file: its thread pool is already sized
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def compose_config(overrides: list[str], config_name: str = "train", run_dir: Path | None = None) -> DictConfig:
     """The config `python train.py OVERRIDES` would run with (run_dir pinned instead of Hydra's)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
