@@ -4,7 +4,9 @@ made in the cache only, and what a rebuilt loader (a resume) reads."""
 
 from __future__ import annotations
 
+import io
 import shutil
+import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +218,23 @@ def test_s3_shards_are_read_from_the_local_cache(
     copies = sorted(p.name for p in (cache / "s3" / "imgcls-dali" / "tf").iterdir() if not p.name.startswith("."))
     assert copies == ["validation-00000-of-00002", "validation-00001-of-00002"]
     assert len(list((cache / "dali_idx").rglob("validation-*.idx"))) == 2
+
+
+def test_unreadable_shards_are_one_line(shards: dict[str, Path], tmp_path: Path) -> None:
+    # A tar sample without its .cls member, and a TFRecord file cut short after its index was made: DALI's
+    # readers fail (not a bad image: the shard itself is broken), with one line naming the file.
+    wds, tf = tmp_path / "wds", tmp_path / "tf"
+    shutil.copytree(shards["webdataset"], wds)
+    shutil.copytree(shards["tfrecord"], tf)
+    tar = wds / "validation-00000-of-00002.tar"
+    with tarfile.open(tar) as archive:
+        members = [(m, archive.extractfile(m).read()) for m in archive.getmembers() if m.name != "class_0/001.cls"]
+    with tarfile.open(tar, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for member, data in members:
+            archive.addfile(member, io.BytesIO(data))
+    record = tf / "validation-00001-of-00002"
+    record.write_bytes(record.read_bytes()[:-100])
+    for root, fmt, broken in ((wds, "webdataset", tar), (tf, "tfrecord", record)):
+        with pytest.raises(DataError, match=f"^DALI could not read the data: .*{broken}") as info:
+            epoch(backend_for(root, tmp_path / "cache", f"data.format={fmt}").loader("val", 4, 0, 1, seed=0))
+        assert "\n" not in str(info.value)

@@ -23,6 +23,18 @@ from imgcls.data.dali.pipelines import READER
 from imgcls.errors import DataError
 
 
+def reader_error(exc: BaseException) -> BaseException:
+    """A DALI operator's failure (an unreadable file, a truncated TFRecord, a tar sample without its label)
+    as one DataError line: DALI's text after "encountered:" (the file named, as DALI names it), without
+    the pipeline's traceback and C++ context around it. Anything else is returned as it is."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or "encountered:" not in text:
+        return exc
+    reason = text.split("encountered:", 1)[1].split("C++ context:", 1)[0]
+    reason = " ".join(reason.split()).removeprefix("Assert on ").strip()
+    return DataError(f"DALI could not read the data: {reason}")
+
+
 class Catalog(Protocol):
     """What the loader needs of a split's samples (file_list.FileList for a folder, records.ShardCatalog for
     shard files): their number and, from the pipeline's keys, labels, bad-sample names and trace lines."""
@@ -143,9 +155,12 @@ class DaliLoader:
             weakref.finalize(self, self._worker.close)
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
         if host_resize is None:
-            self._iterator = DALIGenericIterator(
-                pipe, outputs, reader_name=READER, last_batch_policy=policy, auto_reset=False
-            )
+            try:
+                self._iterator = DALIGenericIterator(
+                    pipe, outputs, reader_name=READER, last_batch_policy=policy, auto_reset=False
+                )
+            except RuntimeError as exc:
+                raise reader_error(exc) from None
         else:  # the crops differ in size: a list of tensors, resized by HostResize
             types = [DALIRaggedIterator.SPARSE_LIST_TAG] + [DALIRaggedIterator.DENSE_TAG] * (len(outputs) - 1)
             make = functools.partial(
@@ -153,7 +168,10 @@ class DaliLoader:
                 last_batch_policy=policy, auto_reset=False,
             )  # fmt: skip
             # Built on the worker too: the iterator runs its first batch in its constructor.
-            self._iterator = self._worker.call(make) if self._worker is not None else make()
+            try:
+                self._iterator = self._worker.call(make) if self._worker is not None else make()
+            except RuntimeError as exc:
+                raise reader_error(exc) from None
         self._consumed = 0  # DALI batches taken in the current epoch
         self.copy = not getattr(pipe, "exec_dynamic", False)
 
@@ -265,6 +283,15 @@ class DaliLoader:
             stop.set()  # also when the consumer stops early or the iterator is dropped
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        try:
+            yield from self._batches()
+        except RuntimeError as exc:
+            error = reader_error(exc)
+            if error is exc:
+                raise
+            raise error from None
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
         worker = self._worker
         if worker is not None:
             if self._stop is not None:
