@@ -230,10 +230,16 @@ def test_loader_benchmark_runs_every_backend_on_real_jpegs(image_folder: Path) -
         "decode ceiling (PIL/libjpeg-turbo full decode)", "torchvision DataLoader",
         "dali_cpu bare (full decode + RRC, NVIDIA)", "DALI ROI decode only (crop window, no resize)",
         "dali_cpu, DALI resize (dali_train_resize=dali)", "dali_cpu, default (auto: torch resize from 128 px)",
+        "torchvision, WebDataset shards", "torchvision, TFRecord shards",
+        "dali_cpu, WebDataset shards (fn.readers.webdataset)", "dali_cpu, TFRecord shards (fn.readers.tfrecord)",
     ]  # fmt: skip
+    lines = [line for line in ok.stdout.splitlines() if line.startswith("| ")][1:]
+    rates = [float(line.split(" | ")[1]) for line in lines]
+    assert all(rate > 0 for rate in rates), ok.stdout  # the shard rows read images too
     bad = run_module("imgcls.bench.data", f"data.root={image_folder}", "backends=ffcv")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "imgcls: error: backends=ffcv: unknown ['ffcv']; allowed: decode, torchvision, dali_cpu_bare, "
-        "dali_roi_decode, dali_cpu_dali_resize, dali_cpu, dali_cpu_sync"
+        "dali_roi_decode, dali_cpu_dali_resize, dali_cpu, dali_cpu_sync, torchvision_webdataset, "
+        "torchvision_tfrecord, dali_cpu_webdataset, dali_cpu_tfrecord"
     ]

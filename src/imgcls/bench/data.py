@@ -23,6 +23,9 @@ Rows:
   data/dali/host_resize.py, in a background thread that makes the next batch while the consumer works).
 - dali_cpu, resize in the step: the same with data.dali_host_prefetch=0 (the torch resize runs in the
   consumer's thread, when it asks for a batch).
+- torchvision / dali_cpu from WebDataset or TFRecord shards: the same files converted first (data/shards/convert.py,
+  `shard_size` images a shard) and read with data.format=webdataset|tfrecord: a shard is one sequential read
+  instead of one open per file (docs/shards.md).
 
 compute_ms=S: the consumer sleeps S ms after each batch, as a training process waits for its GPU step (a
 sleep holds no core and no GIL, like a CUDA synchronisation). Then the table also gives each row's time per
@@ -32,11 +35,12 @@ thread a batch should take about max(resize, S, DALI's decode), without it about
 Arguments (key=value): data.root (ROOT/train/<class>/*.jpg, or any folder of class folders of JPEGs such
 as imagenet-samples/<wnid>/*.JPEG), cores (2), image_size (224), batch_size (64), images (all: at most
 this many files, spread over the classes), seconds (3: timed seconds per row and repeat), repeats (7),
-backends (all but dali_cpu_sync), compute_ms (0).
+backends (all but dali_cpu_sync), compute_ms (0), shard_size (256: images per shard of the shard rows).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -57,9 +61,12 @@ DEFAULTS: dict[str, Any] = {
     "images": None,
     "seconds": 3.0,
     "repeats": 7,
-    "backends": "decode,torchvision,dali_cpu_bare,dali_roi_decode,dali_cpu_dali_resize,dali_cpu",
+    "backends": "decode,torchvision,dali_cpu_bare,dali_roi_decode,dali_cpu_dali_resize,dali_cpu,"
+    "torchvision_webdataset,torchvision_tfrecord,dali_cpu_webdataset,dali_cpu_tfrecord",
     "compute_ms": 0.0,
+    "shard_size": 256,
 }
+SHARD_FORMATS = ("webdataset", "tfrecord")
 ROWS = {
     "decode": "decode ceiling (PIL/libjpeg-turbo full decode)",
     "torchvision": "torchvision DataLoader",
@@ -68,6 +75,10 @@ ROWS = {
     "dali_cpu_dali_resize": "dali_cpu, DALI resize (dali_train_resize=dali)",
     "dali_cpu": "dali_cpu, default (auto: torch resize from 128 px)",
     "dali_cpu_sync": "dali_cpu, torch resize in the step (dali_host_prefetch=0)",
+    "torchvision_webdataset": "torchvision, WebDataset shards",
+    "torchvision_tfrecord": "torchvision, TFRecord shards",
+    "dali_cpu_webdataset": "dali_cpu, WebDataset shards (fn.readers.webdataset)",
+    "dali_cpu_tfrecord": "dali_cpu, TFRecord shards (fn.readers.tfrecord)",
 }
 
 
@@ -80,7 +91,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         args[key] = value
     if not args["data.root"]:
         raise ConfigError("data.root is not set; pass data.root=/path/to/jpegs (class folders of JPEG files)")
-    for key in ("cores", "image_size", "batch_size", "repeats") + (("images",) if args["images"] else ()):
+    for key in ("cores", "image_size", "batch_size", "repeats", "shard_size") + (("images",) if args["images"] else ()):
         args[key] = int(args[key])
     args["seconds"] = float(args["seconds"])
     args["compute_ms"] = float(args["compute_ms"])
@@ -259,6 +270,14 @@ def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str, ro
     return lambda: loader
 
 
+def shard_dataset(root: Path, fmt: str, shard_size: int, dst: Path) -> Path:
+    """ROOT's files (every row reads the same ones) converted to FMT shards in DST."""
+    from imgcls.data.shards.convert import convert
+
+    convert(root, dst, fmt, shard_size, progress=False)
+    return dst
+
+
 def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
     import torch
 
@@ -278,6 +297,13 @@ def run(args: dict[str, Any]) -> dict[str, list[Rate]]:
             ),
         }
         chosen = args["backends"].split(",")
+        for fmt in SHARD_FORMATS:
+            if any(row.endswith("_" + fmt) for row in chosen):
+                shards = shard_dataset(root, fmt, args["shard_size"], Path(tmp) / fmt)
+                for backend in ("torchvision", "dali_cpu"):
+                    makers[f"{backend}_{fmt}"] = functools.partial(
+                        backend_rows, shards, args, backend, f"data.format={fmt}", f"data.shard_cache={tmp}/cache"
+                    )
         loaders = {name: make() for name, make in makers.items() if name in chosen}
         rates: dict[str, list[Rate]] = {}
         for repeat in range(args["repeats"]):  # rows interleaved, so that background load hits them alike
