@@ -88,14 +88,19 @@ def _traces(trace: Path, rank: int, epoch: int) -> list[str]:
 # (batch, batches a rank): batch 3 reads 15 of a rank's 16-17 records; batch 4 reads 16, all of the shorter
 # shard, whose reader pads a 17th: DALI's iterator left that padded batch to open the next epoch (records
 # read twice in one epoch, others never) until the loader ran out the reader's epoch itself.
-@pytest.mark.parametrize("batch,steps", [(3, 5), (4, 4)])
-@pytest.mark.parametrize("fmt", [*FORMATS, "folder"])
+# resize: debug=tiny's 32 px train crops resize in DALI (auto); "torch" takes dali_cpu's ImageNet path (the
+# ragged iterator and the background torch resize, data/dali/host_resize.py).
+@pytest.mark.parametrize(
+    "fmt,batch,steps,resize",
+    [(fmt, batch, steps, "auto") for fmt in (*FORMATS, "folder") for batch, steps in ((3, 5), (4, 4))]
+    + [(fmt, 4, 4, "torch") for fmt in FORMATS],
+)
 def test_train_over_two_ranks(
-    folder: Path, shards: dict[str, Path], tmp_path: Path, fmt: str, batch: int, steps: int
+    folder: Path, shards: dict[str, Path], tmp_path: Path, fmt: str, batch: int, steps: int, resize: str
 ) -> None:
     trace = tmp_path / "trace"
     root, extra = (folder, ()) if fmt == "folder" else (shards[fmt], (f"data.format={fmt}",))
-    backend = backend_for(root, tmp_path, *extra, f"data.trace_dir={trace}")
+    backend = backend_for(root, tmp_path, *extra, f"data.trace_dir={trace}", f"data.dali_train_resize={resize}")
     loaders = [backend.loader("train", batch, rank, 2, seed=0) for rank in range(2)]
     assert len(loaders[0]) == len(loaders[1]) == steps  # equal steps on every rank (DDP would hang otherwise)
     epochs, read = 3, steps * batch  # records a rank reads an epoch
