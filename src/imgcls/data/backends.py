@@ -26,22 +26,39 @@ from imgcls.errors import ConfigError, DataError
 
 
 class TorchvisionBackend:
-    """ImageFolder + PIL decoding + torchvision/timm transforms in DataLoader worker processes."""
+    """ImageFolder + PIL decoding + torchvision/timm transforms in DataLoader worker processes.
+
+    Subclasses change where the samples come from (_make_dataset) and in which order (_sampler)."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.classes = classes_of(cfg.root, "train")
-        check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
-        self._datasets: dict[str, CheckedImageFolder] = {}
+        self.classes = self._classes()
+        self._datasets: dict[str, Any] = {}
         self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
 
-    def dataset(
-        self, split: str, image_size: int | None = None, augment_magnitude: int | None = None
-    ) -> CheckedImageFolder:
+    def _classes(self) -> list[str]:
+        classes = classes_of(self.cfg.root, "train")
+        check_same_classes(classes, classes_of(self.cfg.root, "val"), self.cfg.root)
+        return classes
+
+    def _make_dataset(self, split: str, transform: Callable) -> Any:
+        return CheckedImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
+
+    def _sampler(
+        self, dataset: Any, split: str, batch_size: int, rank: int, world_size: int, seed: int
+    ) -> ShardSampler:
+        training = split == "train"
+        return ShardSampler(
+            len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training, per_sample_seeds=training
+        )
+
+    def _bad_sample_sink(self) -> Any:
+        return self.bad_images
+
+    def dataset(self, split: str, image_size: int | None = None, augment_magnitude: int | None = None) -> Any:
         key = f"{split}@{image_size}@{augment_magnitude}"
         if key not in self._datasets:
-            transform = _transform(self.cfg, split, image_size, augment_magnitude)
-            self._datasets[key] = CheckedImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
+            self._datasets[key] = self._make_dataset(split, _transform(self.cfg, split, image_size, augment_magnitude))
         return self._datasets[key]
 
     def loader(
@@ -55,47 +72,31 @@ class TorchvisionBackend:
         augment_magnitude: int | None = None,
     ) -> DataLoader:
         dataset = self.dataset(split, image_size, augment_magnitude)
-        training = split == "train"
-        sampler = ShardSampler(
-            len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training, per_sample_seeds=training
-        )
-        return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training, bad_images=self.bad_images)
+        sampler = self._sampler(dataset, split, batch_size, rank, world_size, seed)
+        sink = self._bad_sample_sink()
+        return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=split == "train", bad_images=sink)
 
 
-class ShardBackend:
+class ShardBackend(TorchvisionBackend):
     """data.format=webdataset|tfrecord on the torchvision path: shard files read whole by the DataLoader
     workers, the same PIL decoding, transforms and bad-image policy as the folder (data/shards/stream.py)."""
 
-    def __init__(self, cfg: Any) -> None:
-        self.cfg = cfg
-        self.shard_set = open_shard_set(cfg)
-        self.classes = list(self.shard_set.classes)
-        self._datasets: dict[str, ShardRecords] = {}
-        self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
+    def _classes(self) -> list[str]:
+        self.shard_set = open_shard_set(self.cfg)
+        return list(self.shard_set.classes)
 
-    def dataset(self, split: str, image_size: int | None = None, augment_magnitude: int | None = None) -> ShardRecords:
-        key = f"{split}@{image_size}@{augment_magnitude}"
-        if key not in self._datasets:
-            self._datasets[key] = ShardRecords(
-                self.shard_set,
-                split,
-                _transform(self.cfg, split, image_size, augment_magnitude),
-                self.cfg.get("shard_cache"),  # null (an older checkpoint's config): remote.py says so for a URL
-                OmegaConf.to_container(self.cfg.storage_options) if self.cfg.get("storage_options") else {},
-            )
-        return self._datasets[key]
+    def _make_dataset(self, split: str, transform: Callable) -> ShardRecords:
+        return ShardRecords(
+            self.shard_set,
+            split,
+            transform,
+            self.cfg.get("shard_cache"),  # null (an older checkpoint's config): remote.py says so for a URL
+            OmegaConf.to_container(self.cfg.storage_options) if self.cfg.get("storage_options") else {},
+        )
 
-    def loader(
-        self,
-        split: str,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        image_size: int | None = None,
-        augment_magnitude: int | None = None,
-    ) -> DataLoader:
-        dataset = self.dataset(split, image_size, augment_magnitude)
+    def _sampler(
+        self, dataset: Any, split: str, batch_size: int, rank: int, world_size: int, seed: int
+    ) -> ShardStreamSampler:
         training = split == "train"
         counts = [s.count for s in self.shard_set.splits[split]]
         if training and sum(counts) < world_size * batch_size:
@@ -103,10 +104,10 @@ class ShardBackend:
                 f"data.root={self.cfg.root} has {sum(counts)} train samples, fewer than one batch on each rank "
                 f"({world_size} x data.batch_size={batch_size})"
             )
-        sampler = ShardStreamSampler(counts, rank, world_size, batch_size, int(self.cfg.num_workers), training, seed)
-        return _dataloader(
-            dataset, sampler, batch_size, self.cfg, drop_last=training, bad_images=StopOnRefused(self.bad_images)
-        )
+        return ShardStreamSampler(counts, rank, world_size, batch_size, int(self.cfg.num_workers), training, seed)
+
+    def _bad_sample_sink(self) -> Any:
+        return StopOnRefused(self.bad_images)  # a worker's refusal (bad label, short shard) raised in one line
 
 
 class SyntheticBackend:
