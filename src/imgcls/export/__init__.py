@@ -6,6 +6,8 @@
 - onnx: torch.onnx.export with a dynamic batch axis; the metadata rides in the model's metadata_props
   (key "imgcls"), so `imgcls.classify backend=onnx` needs nothing else.
 - torchscript: torch.jit.trace, metadata in the archive's extra file "imgcls.json".
+- triton: a Triton Inference Server model repository around the onnx export (imgcls.export.triton:
+  `repo=DIR [name=] [max_batch=128] [trt_precision=fp32|fp16] [tensorrt=false]`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from omegaconf import DictConfig
 
 from imgcls.config import compose_train, model_config, required_ckpt
 from imgcls.errors import ConfigError
+from imgcls.export import triton
 from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
 from imgcls.storage import write_atomic
 
-FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts"}
+FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts", "triton": ""}  # triton: a folder (repo=)
 ONNX_OPSET = 18  # the TorchScript-based exporter's newest well-supported opset; onnxruntime runs it
 METADATA_KEY = "imgcls"
 
@@ -40,9 +43,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     fmt = str(cfg.format)
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt} is not allowed; use {', '.join(FORMATS)}")
+    triton_opts = triton.options(cfg) if fmt == "triton" else None  # before the (slow) checkpoint load
     model_cfg = model_config(cfg)
     preprocessing = preprocessing_of(compose_train([f"model={cfg.model.name}"]).data) if model_cfg else None
     trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg, preprocessing=preprocessing)
+    opset = int(cfg.get("opset") or ONNX_OPSET)
+    if triton_opts is not None:
+        trained.net = trained.net.float().to(memory_format=torch.contiguous_format).eval()
+        return triton.write_repository(trained, triton_opts, lambda path: export_onnx(trained, path, opset))
     if cfg.get("output"):  # the user's choice of path: an existing file there is replaced, as asked
         output = Path(cfg.output).expanduser()
     else:
@@ -53,7 +61,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"output={output} is a folder; give the path of the file to write")
     # Exported files are plain NCHW fp32, whatever memory format training used.
     trained.net = trained.net.float().to(memory_format=torch.contiguous_format).eval()
-    opset = int(cfg.get("opset") or ONNX_OPSET)
     writers: dict[str, Callable[[TrainedModel, Path], None]] = {
         "weights": export_weights,
         "onnx": lambda t, path: export_onnx(t, path, opset),
