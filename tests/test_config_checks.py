@@ -118,8 +118,13 @@ def shipped_configs() -> list[DictConfig]:
     """The default config and each option of every group (experiments included) swapped in."""
     configs = [compose_config([])]
     for group in ("model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment"):
-        configs += [compose_config([f"{group}={option}"]) for option in options(group)]
+        configs += [compose_config([f"{group}={option}", *_needs(group, option)]) for option in options(group)]
     return configs
+
+
+def _needs(group: str, option: str) -> list[str]:
+    """What an option cannot run without: the QAT recipes fine-tune a trained network (model.weights)."""
+    return ["model.weights=/trained.ckpt"] if group == "recipe" and option.startswith("qat") else []
 
 
 @pytest.fixture(scope="module")

@@ -226,6 +226,10 @@ TRAIN: dict[str, Check] = {
     "recipe.base_image_size": POSITIVE,
     "recipe.base_randaug_magnitude": integer(0),
     "recipe.randaugment": anything,  # a timm RandAugment string: data/augment.py parses it
+    # recipe=qat (quantization/qat.py): fake INT8 quantizers calibrated on these training images
+    "recipe.qat.calibration_images": POSITIVE,
+    "recipe.qat.calibration_batch_size": POSITIVE,
+    "recipe.qat.seed": integer(0),
     # data
     "data.name": anything,
     "data.root": anything,
@@ -405,6 +409,12 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
                 f"data.batch_size={batch} must be even with recipe.mixup={recipe.get('mixup')} / "
                 f"recipe.cutmix={recipe.get('cutmix')} (timm's Mixup pairs the samples of a batch)"
             )
+    model = cfg.get("model")
+    if recipe is not None and recipe.get("qat") and model is not None and not model.get("weights"):
+        raise ConfigError(
+            f"recipe={recipe.get('name')} fine-tunes a trained network with fake INT8 quantizers: set "
+            "model.weights=PATH (a checkpoint or weights file of the fp32 network)"
+        )
     precision = cfg.get("precision")
     if data is not None and data.get("dali_fp16") is True and precision is not None:
         # Autocast (fp16 or bf16) casts the half images at the first conv; fp32/tf32 convs would get Half input.

@@ -1,8 +1,10 @@
 """`imgcls.evaluate.run(cfg)`: validate a checkpoint on the val split and write NVIDIA-named metrics.
 
 `ckpt=` may be an imgcls training checkpoint (it says which model, classes, preprocessing and precision
-to use), an imgcls weights export (same metadata), or a foreign state_dict given `model=NAME` (timm's or
-torchvision's keys). (`evaluate.py mode=benchmark` runs imgcls.bench.inference instead: see cli.py.)
+to use), an imgcls weights export (same metadata), a foreign state_dict given `model=NAME` (timm's or
+torchvision's keys), or an ONNX export of imgcls.export, fp32 or INT8, run on ONNX Runtime's CPU provider
+(`evaluate_onnx`: the same metric names, with data.root= from the command line).
+(`evaluate.py mode=benchmark` runs imgcls.bench.inference instead: see cli.py.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from imgcls.callbacks.report import ReportCallback
 from imgcls.config import compose_train, model_config, precision_config, required_ckpt
 from imgcls.config_checks import EVALUATE, check_config
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.errors import CheckpointError, DataError
+from imgcls.errors import CheckpointError, ConfigError, DataError
+from imgcls.models.onnx_model import is_onnx_path, load_onnx
 from imgcls.models.trained import PREPROCESSING_KEYS, TrainedModel, load_trained
 from imgcls.models.weights import is_training_checkpoint, is_weights_export, read_torch_file, state_dict_of
 from imgcls.module import ClassificationModule
@@ -34,6 +37,8 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg, EVALUATE)  # every value, once, before a checkpoint is read
     ckpt = required_ckpt(cfg)
+    if is_onnx_path(ckpt):
+        return evaluate_onnx(cfg, ckpt)
     blob = read_torch_file(ckpt, "ckpt")
     if is_training_checkpoint(blob):
         trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_config(cfg), blob=blob)
@@ -79,6 +84,70 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "data.root": str(data_cfg.root),
         **metrics,
     }
+    output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "eval.json"
+    write_json_atomic(output, document)
+    print(json.dumps(document, indent=2))
+    return metrics
+
+
+def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
+    """An ONNX export (fp32 or INT8) on the val split of data.root, on ONNX Runtime: the metrics of a
+    checkpoint evaluation (val.top1 / val.top5 in percent, val.loss = plain cross-entropy, val.total_ips /
+    val.compute_ips), computed with the torchmetrics classes the LightningModule validates with."""
+    from torchmetrics import MeanMetric
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from imgcls.timing import StepTimer
+
+    for key in ("model", "precision"):
+        if cfg.get(key) is not None:
+            raise ConfigError(f"{key}= does not apply to an ONNX file (ckpt={ckpt}): it runs the graph it holds")
+    if cfg.get("use_ema"):
+        raise ConfigError(f"use_ema=true does not apply to an ONNX file; export with use_ema=true instead ({ckpt})")
+    root = cfg.data.get("root")
+    if not root:
+        raise DataError(f"data.root=PATH is required to evaluate the ONNX file ckpt={ckpt} (it holds no data config)")
+    model = load_onnx(ckpt)
+    data_cfg = OmegaConf.merge(compose_train(["data=folder"]).data, model.preprocessing, data_overrides(cfg))
+    batch_size = int(data_cfg.batch_size or 64)
+    datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
+    if datamodule.classes != model.classes:
+        raise DataError(
+            f"data.root={root} has {len(datamodule.classes)} classes that differ from the "
+            f"{len(model.classes)} of ckpt={ckpt} (e.g. {datamodule.classes[:3]} vs {model.classes[:3]})"
+        )
+    classes = len(model.classes)
+    top1 = MulticlassAccuracy(classes, top_k=1, average="micro")
+    top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro")
+    loss = MeanMetric()
+    timer = StepTimer()
+    cpu = torch.device("cpu")
+    for images, labels in datamodule.val_dataloader():
+        timer.batch_started(cpu)
+        logits = torch.from_numpy(model(images))
+        timer.batch_ended(len(labels), cpu)
+        top1.update(logits, labels)
+        top5.update(logits, labels)
+        loss.update(torch.nn.functional.cross_entropy(logits, labels), weight=len(labels))
+    if timer.samples == 0:
+        raise DataError(f"data.root={root} has no readable val images")
+    metrics = {
+        "val.top1": float(top1.compute()) * 100,
+        "val.top5": float(top5.compute()) * 100,
+        "val.loss": float(loss.compute()),
+        **timer.summary("val", 1),
+    }
+    document = {
+        "ckpt": ckpt,
+        "model": model.arch,
+        "weights": "ema" if model.metadata.get("ema") else "raw",
+        "precision": model.precision,
+        "backend": "onnxruntime",
+        "data.root": str(root),
+        **metrics,
+    }
+    if model.quantization:
+        document["quantization"] = model.quantization
     output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "eval.json"
     write_json_atomic(output, document)
     print(json.dumps(document, indent=2))

@@ -64,6 +64,7 @@ class ClassificationModule(L.LightningModule):
         # timm's EMA warmup 1 - (1 + t' / gamma) ** -power with gamma 9, power 1 and t' = t - 1 (timm copies the
         # weights at the first update) is 1 - 9 / (8 + t): TF's curve, two steps later.
         warmup = {"use_warmup": True, "warmup_gamma": 9.0, "warmup_power": 1.0} if self.recipe.ema_dynamic_decay else {}
+        self._ema_warmup = warmup
         self.ema = ModelEmaV3(self.net, decay=float(ema_decay), **warmup) if ema_decay else None
 
         top5 = min(5, num_classes)
@@ -82,6 +83,15 @@ class ClassificationModule(L.LightningModule):
         checkpoint keys stay `net.*` (torch.compile's wrapper would add `_orig_mod.`). The EMA copy runs in
         validation only and stays eager."""
         self.net.compile()
+
+    def quantize_network(self, batches: Any) -> None:
+        """recipe=qat: fake INT8 quantizers in the network, calibrated on `batches` (quantization/qat.py). The
+        EMA copy, if any, is taken again so that it has them too."""
+        from imgcls.quantization import qat
+
+        self.net = qat.quantize(self.net, batches, qat.calibration_device())
+        if self.ema is not None:
+            self.ema = ModelEmaV3(self.net, decay=self.ema.decay, **self._ema_warmup)
 
     def on_fit_start(self) -> None:
         # timm keeps the EMA copy in eval mode; Lightning would warn that ~100 modules are in eval mode at the
@@ -188,6 +198,10 @@ class ClassificationModule(L.LightningModule):
             "image_size": int(self.model_cfg.image_size),
             "has_ema": self.ema is not None,
         }
+        from imgcls.quantization import qat
+
+        if qat.is_quantized(self.net):  # what models/trained.py rebuilds before it loads the weights
+            checkpoint[qat.STATE_KEY] = qat.quantizer_state(self.net)
 
 
 # Keys a checkpoint's hyperparameters may lack (written before the key existed), with the value that

@@ -12,8 +12,10 @@ from imgcls.checkpoint import check_resumable, check_writable, resolve_ckpt_path
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.loggers import build_loggers, close_loggers
+from imgcls.models.trained import preprocessing_of
 from imgcls.module import ClassificationModule
 from imgcls.plan import resolve_plan
+from imgcls.quantization.calibration import calibration_batches
 from imgcls.rundir import check_run_files_are_ours
 from imgcls.seeding import seed_for_init
 from imgcls.trainer import build_trainer
@@ -47,6 +49,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
         model=resolved["model"], recipe=resolved["recipe"], plan=plan.as_dict(), classes=datamodule.classes,
         run_config=resolved,
     )  # fmt: skip
+    if cfg.recipe.get("qat"):  # recipe=qat: fake INT8 quantizers, ranges from training images (quantization/)
+        qat = cfg.recipe.qat
+        preprocessing = preprocessing_of(cfg.data)
+        module.quantize_network(
+            calibration_batches(cfg.data, preprocessing, qat.calibration_images, qat.calibration_batch_size, qat.seed)
+        )
     if cfg.get("compile"):
         module.compile_network()
 

@@ -1,5 +1,8 @@
 """`python evaluate.py mode=benchmark ckpt=PATH | model=NAME batch_sizes=[1,2,...]` (NVIDIA benchmark_inference).
 
+ckpt=MODEL.onnx (an fp32 or INT8 export of imgcls.export) is timed on onnxruntime's CPU provider, with as many
+threads as torch uses here; the document's "backend" says which (torch | onnxruntime).
+
 For each batch size: warm-up iterations (not timed), then timed forward passes on a fixed random batch of
 the model's input size, under the precision's autocast and memory format, without gradients. The device
 is synchronised before each timer start and stop on GPU (kernels are asynchronous there). Reported like
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from imgcls.config import model_config, precision_config, required_ckpt
 from imgcls.config_checks import EVALUATE, check_config
 from imgcls.errors import ConfigError
 from imgcls.models.factory import build_network
+from imgcls.models.onnx_model import OnnxModel, is_onnx_path, load_onnx
 from imgcls.models.trained import load_trained
 from imgcls.precision import set_tf32
 from imgcls.storage import write_json_atomic
@@ -82,23 +87,36 @@ def measure(
     iterations: int = 20,
     max_seconds: float | None = None,
 ) -> dict[str, float]:
-    """One row of the table. Latency = one forward pass of the whole batch."""
+    """One row of the table for a PyTorch network. Latency = one forward pass of the whole batch."""
     images = torch.randn(batch_size, 3, image_size, image_size, device=device)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    latencies: list[float] = []
     with torch.inference_mode(), torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        for _ in range(warmup):
-            net(images)
-        started = time.perf_counter()
-        for i in range(iterations):
-            _sync(device)
-            start = time.perf_counter()
-            net(images)
-            _sync(device)
-            latencies.append(time.perf_counter() - start)
-            if max_seconds is not None and i >= 2 and time.perf_counter() - started > max_seconds:
-                break
+        return time_forward(lambda: net(images), batch_size, warmup, iterations, max_seconds, lambda: _sync(device))
+
+
+def time_forward(
+    forward: Callable[[], Any],
+    batch_size: int,
+    warmup: int = 5,
+    iterations: int = 20,
+    max_seconds: float | None = None,
+    sync: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """The timing loop of every backend (torch: measure(); onnxruntime: measure_onnx()): `forward()` runs one
+    batch of `batch_size` images; `sync()` waits for the device (asynchronous CUDA kernels) around each timer."""
+    latencies: list[float] = []
+    for _ in range(warmup):
+        forward()
+    started = time.perf_counter()
+    for i in range(iterations):
+        sync()
+        start = time.perf_counter()
+        forward()
+        sync()
+        latencies.append(time.perf_counter() - start)
+        if max_seconds is not None and i >= 2 and time.perf_counter() - started > max_seconds:
+            break
     ms = np.asarray(latencies) * 1000
     # NVIDIA's percentiles use numpy's "nearest" method (IC/logger.py); with few samples p99 is the maximum.
     return {
@@ -110,6 +128,19 @@ def measure(
         "latency_p99_ms": float(np.percentile(ms, 99, method="nearest")),
         "iterations": len(latencies),
     }
+
+
+def measure_onnx(
+    model: OnnxModel,
+    batch_size: int,
+    image_size: int,
+    warmup: int = 5,
+    iterations: int = 20,
+    max_seconds: float | None = None,
+) -> dict[str, float]:
+    """One row of the table for an ONNX model on onnxruntime's CPU provider (fp32 or INT8 Q/DQ)."""
+    images = np.random.default_rng(0).standard_normal((batch_size, 3, image_size, image_size), dtype=np.float32)
+    return time_forward(lambda: model.run(images), batch_size, warmup, iterations, max_seconds)
 
 
 def markdown_table(rows: list[dict[str, float]]) -> str:
@@ -152,6 +183,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     warmup, iterations = int(bench.get("warmup", 5)), int(bench.get("iterations", 20))
     if warmup < 0 or iterations < 1:
         raise ConfigError(f"benchmark.warmup={warmup} / benchmark.iterations={iterations}: need >= 0 and >= 1")
+    if cfg.get("ckpt") and is_onnx_path(str(cfg.ckpt)):
+        return _run_onnx(cfg, sizes, warmup, iterations, bench)
     net, arch, image_size, precision = _network(cfg)
     tf32 = bool(precision.get("tf32", False))
     set_tf32(tf32)  # as training does: precision=fp32 must not time TF32 convolutions on Ampere+
@@ -172,6 +205,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         print(f"batch {size}: {rows[-1]['throughput_ips']:.1f} img/s", flush=True)
     document = {
         "mode": "benchmark_inference",
+        "backend": "torch",
         "model": arch,
         "ckpt": cfg.get("ckpt"),
         "precision": str(precision.name),
@@ -186,8 +220,47 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "rows": rows,
     }
+    return _report(cfg, document)
+
+
+def _report(cfg: DictConfig, document: dict[str, Any]) -> dict[str, Any]:
     output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "benchmark.json"
     write_json_atomic(output, document)
-    print(markdown_table(rows))
+    print(markdown_table(document["rows"]))
     print(json.dumps(document))
     return document
+
+
+def _run_onnx(cfg: DictConfig, sizes: list[int], warmup: int, iterations: int, bench: Any) -> dict[str, Any]:
+    """ckpt=MODEL.onnx: the rows on onnxruntime's CPU provider with as many intra-op threads as torch uses,
+    so that the torch and onnxruntime rows of one machine compare the same cores."""
+    for key in ("model", "precision"):
+        if cfg.get(key) is not None:
+            raise ConfigError(f"{key}= does not apply to an ONNX file (ckpt={cfg.ckpt}): it runs the graph it holds")
+    if str(cfg.trainer.accelerator) in ("gpu", "cuda"):
+        raise ConfigError("ckpt=*.onnx is timed on onnxruntime's CPU provider; use trainer.accelerator=cpu or auto")
+    threads = torch.get_num_threads()
+    model = load_onnx(str(cfg.ckpt), threads=threads)
+    image_size = int(bench.get("image_size") or model.image_size)
+    rows = []
+    for size in sizes:
+        rows.append(measure_onnx(model, size, image_size, warmup, iterations, bench.get("max_seconds")))
+        print(f"batch {size}: {rows[-1]['throughput_ips']:.1f} img/s", flush=True)
+    import onnxruntime
+
+    document = {
+        "mode": "benchmark_inference",
+        "backend": "onnxruntime",
+        "model": model.arch,
+        "ckpt": str(cfg.ckpt),
+        "precision": model.precision,
+        "quantization": model.quantization,
+        "image_size": image_size,
+        "device": cpu_name(),
+        "threads": threads,
+        "warmup": warmup,
+        "iterations": iterations,
+        "onnxruntime": onnxruntime.__version__,
+        "rows": rows,
+    }
+    return _report(cfg, document)

@@ -1,11 +1,12 @@
 """`python -m imgcls.classify ckpt=PATH images=[a.jpg,some/dir] [--json]`: top-5 classes per image.
 
-ckpt is a training checkpoint, a weights export or an ONNX export (`backend=onnx`, or any `.onnx` file), or
-a plain state_dict (timm's, torchvision's, NVIDIA's NGC files) given `model=NAME`. Images go through the val
-preprocessing the model was trained with (resize to size/crop_pct, e.g. 256, center crop to the model's
-size, normalize); a plain state_dict gets the one imgcls trains `model=NAME` with. Folders are read
-recursively and classified in batches. A file that cannot be decoded is reported by name and the others are still
-classified (exit code 1); when no image at all can be read it is one error line (exit code 2).
+ckpt is a training checkpoint, a weights export, an ONNX export fp32 or INT8 (`backend=onnx`, or any `.onnx`
+file: models/onnx_model.py), or a plain state_dict (timm's, torchvision's, NVIDIA's NGC files) given
+`model=NAME`. Images go through the val preprocessing the model was trained with (resize to size/crop_pct,
+e.g. 256, center crop to the model's size, normalize); a plain state_dict gets the one imgcls trains
+`model=NAME` with. Folders are read recursively and classified in batches. A file that cannot be decoded is
+reported by name and the others are still classified (exit code 1); when no image at all can be read it is
+one error line (exit code 2).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from imgcls.config import compose_train, model_config, required_ckpt
 from imgcls.data.imagenet_classes import display_names
 from imgcls.data.transforms import val_transform
-from imgcls.errors import CheckpointError, ConfigError, DataError
+from imgcls.errors import ConfigError, DataError
+from imgcls.models.onnx_model import load_onnx
 from imgcls.models.trained import PREPROCESSING_KEYS, load_trained
 
 
@@ -72,24 +74,8 @@ def model_preprocessing(model_name: str) -> dict[str, Any]:
 
 
 def _onnx_predictor(path: str) -> Predictor:
-    import onnxruntime as ort
-
-    if not Path(path).expanduser().is_file():
-        raise CheckpointError(f"ckpt={path} does not exist")
-    try:
-        session = ort.InferenceSession(str(Path(path).expanduser()), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types for bad files
-        raise CheckpointError(f"ckpt={path} is not a readable ONNX model ({type(exc).__name__})") from None
-    meta = session.get_modelmeta().custom_metadata_map.get("imgcls")
-    if meta is None:
-        raise CheckpointError(f"ckpt={path} has no imgcls metadata (export it with python -m imgcls.export)")
-    meta = json.loads(meta)
-    name = session.get_inputs()[0].name
-
-    def forward(images: torch.Tensor) -> np.ndarray:
-        return session.run(None, {name: images.numpy()})[0]
-
-    return Predictor(forward, meta["classes"], meta["preprocessing"])
+    model = load_onnx(path)  # fp32 or INT8 export: the same session loader as evaluate.py and the benchmark
+    return Predictor(model, model.classes, model.preprocessing)
 
 
 def image_paths(images: Any) -> list[Path]:

@@ -1,4 +1,4 @@
-"""`python -m imgcls.export ckpt=PATH format=weights|onnx|torchscript [use_ema=true] [output=FILE]`.
+"""`python -m imgcls.export ckpt=PATH format=weights|onnx|torchscript|int8|triton [use_ema=true] [output=FILE]`.
 
 - weights: a plain state_dict plus metadata (arch, model config, classes, image size, preprocessing), what
   `model.weights=`, `evaluate.py ckpt=` and `imgcls.classify` accept (NVIDIA's checkpoint2model, whose
@@ -6,6 +6,9 @@
 - onnx: torch.onnx.export with a dynamic batch axis; the metadata rides in the model's metadata_props
   (key "imgcls"), so `imgcls.classify backend=onnx` needs nothing else.
 - torchscript: torch.jit.trace, metadata in the archive's extra file "imgcls.json".
+- int8: INT8 post-training quantization of the onnx export (imgcls.quantization.ptq): a Q/DQ ONNX model
+  calibrated on `calibration.images` training images of the checkpoint's data.root (or `data.root=DIR`),
+  with the onnx export's metadata plus how it was quantized; runs on ONNX Runtime (classify, evaluate.py).
 - triton: a Triton Inference Server model repository around the onnx export (imgcls.export.triton:
   `repo=DIR [name=] [max_batch=128] [trt_precision=fp32|fp16] [tensorrt=false]`).
 """
@@ -20,15 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config import compose_train, model_config, required_ckpt
-from imgcls.errors import ConfigError
+from imgcls.errors import ConfigError, DataError
 from imgcls.export import triton
 from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
+from imgcls.quantization import ptq
 from imgcls.storage import write_atomic
 
-FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts", "triton": ""}  # triton: a folder (repo=)
+# The default output's suffix after <stem>[_ema]; triton writes a folder (repo=).
+FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts", "int8": "_int8.onnx", "triton": ""}
 ONNX_OPSET = 18  # the TorchScript-based exporter's newest well-supported opset; onnxruntime runs it
 METADATA_KEY = "imgcls"
 
@@ -44,6 +49,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt} is not allowed; use {', '.join(FORMATS)}")
     triton_opts = triton.options(cfg) if fmt == "triton" else None  # before the (slow) checkpoint load
+    int8_opts = ptq.options(cfg) if fmt == "int8" else None
     model_cfg = model_config(cfg)
     preprocessing = preprocessing_of(compose_train([f"model={cfg.model.name}"]).data) if model_cfg else None
     trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg, preprocessing=preprocessing)
@@ -61,10 +67,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"output={output} is a folder; give the path of the file to write")
     # Exported files are plain NCHW fp32, whatever memory format training used.
     trained.net = trained.net.float().to(memory_format=torch.contiguous_format).eval()
+    quantization: dict[str, Any] = {}
     writers: dict[str, Callable[[TrainedModel, Path], None]] = {
         "weights": export_weights,
         "onnx": lambda t, path: export_onnx(t, path, opset),
         "torchscript": export_torchscript,
+        "int8": lambda t, path: quantization.update(
+            ptq.write_int8(t, path, calibration_data(cfg, t, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
+        ),
     }
     # The user's file at output= stays whole until the new one is complete (storage.write_atomic).
     write_atomic(output, lambda path: writers[fmt](trained, path))
@@ -75,10 +85,34 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "classes": len(trained.classes),
         "weights": "ema" if trained.ema else "raw",
     }
+    how = ""
+    if quantization:
+        summary["quantization"] = quantization
+        how = (
+            f"; calibrated on {quantization['calibration_images']} images of {quantization['calibration_root']}, "
+            f"{quantization['method']}, {quantization['seconds']} s"
+        )
     print(
-        f"imgcls: wrote {output} ({fmt}, {trained.arch}, {len(trained.classes)} classes, {summary['weights']} weights)"
+        f"imgcls: wrote {output} ({fmt}, {trained.arch}, {len(trained.classes)} classes, "
+        f"{summary['weights']} weights{how})"
     )
     return summary
+
+
+def calibration_data(cfg: DictConfig, trained: TrainedModel, ckpt: str) -> DictConfig:
+    """The data config calibration reads: the checkpoint's, with data.root=/data.num_workers=/
+    data.on_bad_image= of the command line; a weights export has no data config, so data.root= is needed."""
+    given = {k: v for k, v in OmegaConf.to_container(cfg.get("data") or {}).items() if v is not None}
+    if trained.run_config.get("data"):
+        base = OmegaConf.create(trained.run_config["data"])
+    else:
+        base = compose_train(["data=folder"]).data
+        if not given.get("root"):
+            raise DataError(f"format=int8 needs data.root=DIR (training images to calibrate on) for ckpt={ckpt}")
+    data = OmegaConf.merge(base, given)
+    if not data.get("root") or str(data.root) == "???":
+        raise DataError("format=int8 needs data.root=DIR (a folder dataset with train/ to calibrate on)")
+    return data
 
 
 def export_weights(trained: TrainedModel, path: Path) -> None:

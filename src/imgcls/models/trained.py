@@ -26,6 +26,7 @@ from imgcls.models.weights import (
     read_torch_file,
     state_dict_of,
 )
+from imgcls.quantization import qat
 
 # The data keys that make up the val preprocessing (what imgcls.data.transforms.val_transform reads).
 PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "val_crop_padding", "interpolation", "mean", "std")
@@ -96,6 +97,8 @@ def load_trained(
         state = {k[len(prefix) :]: v for k, v in blob["state_dict"].items() if k.startswith(prefix)}
         model = dict(hparams["model"])
         net = _build(model, len(hparams["classes"]))
+        if blob.get(qat.STATE_KEY) is not None:  # recipe=qat: the quantizers first, their ranges come with the weights
+            net = qat.restore(net, blob[qat.STATE_KEY])
         load_state(net, state, f"{key}={path}", meta["arch"], new_head_ok=False)
         prep = preprocessing_of(hparams["run_config"]["data"])
         return TrainedModel(

@@ -1,1 +1,106 @@
-"""(being written)"""
+"""The calibration images of INT8 quantization (post-training: ptq.py; quantization-aware training: qat.py).
+
+N training images, picked with a seed and spread over the classes (round robin over the classes, each
+class's files in a seeded order), read with the VALIDATION preprocessing: calibration measures the
+activation ranges the deployed model sees, and deployment feeds val-preprocessed images (no random crops,
+flips or RandAugment). The files are read through the folder backend's dataset (data/images.py
+CheckedImageFolder), so an undecodable file follows `data.on_bad_image` like in training: `skip` warns once
+and the next file of the pick takes its place, `error` stops with its path.
+
+Shard datasets (data.format=webdataset|tfrecord) are refused with one line: their records are read in
+stream order, shard by shard, so a spread pick would read most of the split. Calibrate on a folder copy of a
+few hundred training images (data.root=DIR).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
+from imgcls.data.folder import split_dir
+from imgcls.data.images import CheckedImageFolder
+from imgcls.data.transforms import val_transform
+from imgcls.errors import ConfigError
+
+
+def spread_pick(targets: list[int], seed: int) -> list[int]:
+    """Every index of `targets`, ordered so that any prefix is spread over the classes: a seeded order of the
+    classes, then round robin, one seeded-shuffled file of each class per round (classes that run out drop out)."""
+    generator = torch.Generator().manual_seed(int(seed))
+    by_class: dict[int, list[int]] = {}
+    for index, target in enumerate(targets):
+        by_class.setdefault(int(target), []).append(index)
+    classes = sorted(by_class)
+    classes = [classes[i] for i in torch.randperm(len(classes), generator=generator).tolist()]
+    queues = [[by_class[c][i] for i in torch.randperm(len(by_class[c]), generator=generator).tolist()] for c in classes]
+    order: list[int] = []
+    for position in range(max((len(q) for q in queues), default=0)):
+        order.extend(q[position] for q in queues if position < len(q))
+    return order
+
+
+def calibration_dataset(data_cfg: DictConfig, preprocessing: dict) -> CheckedImageFolder:
+    """The train split of data_cfg.root under the val transform of `preprocessing`."""
+    fmt = str(data_cfg.get("format") or "folder")
+    if fmt != "folder":
+        raise ConfigError(
+            f"data.format={fmt}: calibration reads a folder dataset (ROOT/train/<class>/*); "
+            "pass data.root=DIR of a folder copy of some training images"
+        )
+    transform = val_transform(OmegaConf.create(dict(preprocessing)))
+    return CheckedImageFolder(str(split_dir(data_cfg.get("root"), "train")), transform=transform)
+
+
+def calibration_batches(
+    data_cfg: DictConfig, preprocessing: dict, images: int, batch_size: int, seed: int = 0
+) -> Iterator[torch.Tensor]:
+    """`images` training images (fewer only if the split holds fewer good ones) in batches of `batch_size`
+    (the last one may be smaller): float NCHW, normalized, fp32, the same for the same seed."""
+    if not isinstance(images, int) or isinstance(images, bool) or images < 1:
+        raise ConfigError(f"calibration.images={images} must be a positive whole number (e.g. 512)")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
+    dataset = calibration_dataset(data_cfg, preprocessing)
+    bad_images = BadImageLog(str(data_cfg.get("on_bad_image") or "skip"))
+    order = spread_pick([t for _, t in dataset.samples], seed)
+    workers = int(data_cfg.get("num_workers") or 0)
+    # The whole pick order, read in batch_size chunks until enough good images are there: a skipped bad file
+    # is replaced by the next one of the pick, not by a short calibration.
+    loader = DataLoader(
+        torch.utils.data.Subset(dataset, order),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=collate_dropping_bad,
+    )
+    return _batches(loader, bad_images, images, batch_size)
+
+
+def _batches(loader: DataLoader, bad_images: BadImageLog, images: int, batch_size: int) -> Iterator[torch.Tensor]:
+    pending: list[torch.Tensor] = []
+    held, given = 0, 0
+    for batch, _, bad in loader:
+        bad_images.record(bad)
+        if len(batch):
+            pending.append(batch)
+            held += len(batch)
+        while held >= batch_size and given < images:
+            joined = torch.cat(pending)
+            take = min(batch_size, images - given)
+            yield joined[:take].float().contiguous()
+            given += take
+            rest = joined[take:]
+            pending, held = ([rest] if len(rest) else []), len(rest)
+        if given >= images:
+            return
+    if held and given < images:
+        yield torch.cat(pending)[: images - given].float().contiguous()
+
+
+def describe(data_cfg: Any, images: int, seed: int) -> str:
+    return f"{images} training images of {data_cfg.get('root')} (seed {seed}, val preprocessing)"

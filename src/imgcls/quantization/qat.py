@@ -1,1 +1,113 @@
-"""(being written)"""
+"""recipe=qat: fine-tune a trained network with fake INT8 quantization, then export it with Q/DQ nodes.
+
+The quantizers come from NVIDIA's Model Optimizer (nvidia-modelopt), the maintained successor of the
+pytorch-quantization package NVIDIA's quant_main.py used: it runs on CPU as well as on GPU, trains with
+straight-through gradients, and its quantizers export to ONNX QuantizeLinear/DequantizeLinear pairs, the form
+TensorRT builds INT8 engines from and ONNX Runtime runs on CPU. (PyTorch's own torch.ao QAT is deprecated in favour
+of torchao, whose QAT targets linear layers of language models and exports no Q/DQ ONNX for convolutions.)
+
+Quantization is NVIDIA's (TF1 `--quantize --symmetric`, modelopt's INT8 default): symmetric signed 8 bits, weights
+per output channel, activations per tensor. The activation ranges are calibrated by their maximum over
+`recipe.qat.calibration_images` training images read with the val preprocessing (quantization/calibration.py),
+the same images on every rank, so every rank starts from the same scales without a collective.
+
+A QAT checkpoint carries the quantizers' layout (`quantizer_state`) next to its weights; models/trained.py
+rebuilds it before loading the weights, so evaluate.py, classify and export read QAT checkpoints like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# The checkpoint key of the quantizers' layout (modelopt's modelopt_state: which modules, which settings).
+STATE_KEY = "quantizers"
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """modelopt prints ("Inserted N quantizers") and its import warns about CUDA and transformers: imgcls logs
+    what matters itself, so a CPU run's console stays free of lines that read like problems."""
+    cpp_log = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_log.level
+    cpp_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        cpp_log.setLevel(level)
+
+
+def _modelopt() -> tuple[Any, Any]:
+    from imgcls.errors import ConfigError
+
+    try:
+        with _quiet():
+            import modelopt.torch.opt as mto
+            import modelopt.torch.quantization as mtq
+    except ImportError:
+        raise ConfigError(
+            "recipe=qat needs NVIDIA Model Optimizer: pip install 'imgcls[export]' (nvidia-modelopt)"
+        ) from None
+    return mtq, mto
+
+
+def quantize(net: nn.Module, batches: Iterable[torch.Tensor], device: torch.device | None = None) -> nn.Module:
+    """Insert the fake quantizers into net (in place) and calibrate their ranges on batches (float NCHW)."""
+    mtq, _ = _modelopt()
+    device = device or torch.device("cpu")
+    was_training = net.training
+    home = next(net.parameters()).device
+
+    def forward_loop(model: nn.Module) -> None:
+        model.eval()  # BN's running statistics stay those of the trained network
+        with torch.no_grad():
+            for images in batches:
+                model(images.to(device))
+
+    net.to(device)
+    with _quiet():
+        net = mtq.quantize(net, mtq.INT8_DEFAULT_CFG, forward_loop)
+    net.to(home).train(was_training)
+    log.info("qat: %d fake quantizers (int8, per-channel weights), calibrated", count_quantizers(net))
+    return net
+
+
+def count_quantizers(net: nn.Module) -> int:
+    return sum(1 for name, _ in net.named_buffers() if name.endswith("_quantizer._amax"))
+
+
+def is_quantized(net: nn.Module) -> bool:
+    return count_quantizers(net) > 0
+
+
+def quantizer_state(net: nn.Module) -> dict[str, Any]:
+    """What a checkpoint needs to rebuild the quantizers before its weights (and ranges) are loaded."""
+    _, mto = _modelopt()
+    return mto.modelopt_state(net)
+
+
+def restore(net: nn.Module, state: dict[str, Any]) -> nn.Module:
+    """The quantizers of a QAT checkpoint, in a freshly built network (their ranges come with the state_dict)."""
+    _, mto = _modelopt()
+    with _quiet():
+        return mto.restore_from_modelopt_state(net, state)
+
+
+def calibration_device() -> torch.device:
+    """This rank's GPU when there is one (calibrating ResNet50 on a CPU takes minutes), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+

@@ -1,0 +1,101 @@
+"""recipe=qat: a trained checkpoint fine-tuned with fake INT8 quantizers (NVIDIA Model Optimizer), a checkpoint that
+evaluate / export read back, and a Q/DQ ONNX export that ONNX Runtime runs like the PyTorch network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import imgcls.train
+from imgcls.errors import ConfigError
+from imgcls.export import run as export
+from imgcls.models.trained import load_trained
+from imgcls.quantization import qat
+from imgcls.quantization.calibration import calibration_batches
+from tests.conftest import compose_config, tiny_overrides
+from tests.test_evaluate import tiny_run
+
+pytest.importorskip("modelopt.torch.quantization", reason="recipe=qat needs nvidia-modelopt (the export extra)")
+
+QAT_OVERRIDES = (
+    "recipe=qat",
+    "recipe.epochs=1",
+    "recipe.warmup_epochs=0",
+    "recipe.qat.calibration_images=24",
+    "recipe.qat.calibration_batch_size=8",
+)
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    return tiny_run(tmp_path_factory, image_folder)
+
+
+@pytest.fixture(scope="module")
+def qat_run(fp32_run: Path, image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("qat-run")
+    weights = fp32_run / "checkpoints" / "last.ckpt"
+    cfg = compose_config(tiny_overrides(image_folder, *QAT_OVERRIDES, f"model.weights={weights}"), run_dir=run_dir)
+    imgcls.train.run(cfg)
+    return run_dir
+
+
+def _val_batch(image_folder: Path, preprocessing: dict) -> torch.Tensor:
+    """The val images (real JPEGs), preprocessed as deployment does; calibration_batches reads the train split, so
+    its folder argument points at a root whose train/ is our val/."""
+    root = image_folder.parent / f"{image_folder.name}-val-as-train"
+    if not root.exists():
+        root.mkdir()
+        (root / "train").symlink_to(image_folder / "val")
+    data = compose_config(tiny_overrides(root)).data
+    return torch.cat(list(calibration_batches(data, preprocessing, 10_000, 64)))
+
+
+def test_qat_fine_tunes_the_trained_network_with_calibrated_quantizers(fp32_run: Path, qat_run: Path) -> None:
+    blob = torch.load(qat_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert qat.STATE_KEY in blob  # what load_trained needs to rebuild the quantizers
+    state = blob["state_dict"]
+    amax = state["net.conv1.weight_quantizer._amax"]
+    assert amax.numel() == 64 and bool((amax > 0).all())  # per output channel, calibrated
+    assert state["net.layer1.0.conv1.input_quantizer._amax"].numel() == 1  # activations: per tensor
+    # The fine-tuning started from model.weights (not from a fresh init) and moved it a little (LR 5e-5 / 256).
+    before = torch.load(fp32_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    change = (state["net.layer4.1.conv2.weight"] - before["net.layer4.1.conv2.weight"]).abs().max().item()
+    assert 0 < change < 1e-2
+
+
+def test_qat_checkpoint_loads_exports_to_qdq_onnx_and_runs_in_onnxruntime(
+    fp32_run: Path, qat_run: Path, image_folder: Path, tmp_path: Path
+) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    ckpt = qat_run / "checkpoints" / "last.ckpt"
+    trained = load_trained(ckpt)
+    assert qat.is_quantized(trained.net)
+    images = _val_batch(image_folder, trained.preprocessing)
+    with torch.inference_mode():
+        fake_quant = trained.net(images).numpy()
+        fp32 = load_trained(fp32_run / "checkpoints" / "last.ckpt").net(images).numpy()
+    # INT8 rounding changes the logits a little, not the network: most predictions agree with the fp32 network.
+    assert 0 < np.abs(fake_quant - fp32).max() < 0.5 * np.abs(fp32).max()
+    assert (fake_quant.argmax(1) == fp32.argmax(1)).mean() >= 0.8
+
+    out = tmp_path / "qat.onnx"
+    export(compose_config([f"ckpt={ckpt}", "format=onnx", f"output={out}"], config_name="export"))
+    ops = {node.op_type for node in onnx.load(str(out)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # what TensorRT builds an INT8 engine from
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+    assert (logits.argmax(1) == fake_quant.argmax(1)).mean() >= 0.95
+    assert np.abs(logits - fake_quant).max() < 0.05 * np.abs(fake_quant).max()
+
+
+def test_qat_without_trained_weights_is_one_line(image_folder: Path) -> None:
+    from imgcls.config_checks import check_config
+
+    with pytest.raises(ConfigError, match=r"^recipe=qat fine-tunes a trained network .*set model.weights=PATH"):
+        check_config(compose_config(tiny_overrides(image_folder, "recipe=qat")))
