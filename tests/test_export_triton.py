@@ -156,3 +156,26 @@ def test_triton_user_mistakes_are_one_line_errors(trained: Path, tmp_path: Path)
     with pytest.raises(ConfigError, match="is a file, not a folder"):
         (tmp_path / "file").write_text("")
         _export(ckpt, tmp_path / "file")
+
+
+def test_a_folder_filled_during_the_export_is_left_alone_with_one_line(trained: Path, tmp_path: Path) -> None:
+    """Another export (or a user) fills the target between the emptiness check and the rename: the rename must
+    not replace it, and the error is one StorageError line, not an OSError traceback. The filling happens inside
+    the ONNX writer, the step between the two."""
+    from imgcls.errors import StorageError
+    from imgcls.export import export_onnx
+    from imgcls.export.triton import write_repository
+
+    repo = tmp_path / "repo"
+    loaded = load_trained(trained / "checkpoints" / "last.ckpt")
+    opts = {"repo": repo, "name": "tiny", "max_batch": 8, "precision": "fp32", "tensorrt": False}
+
+    def write_while_someone_fills_the_target(path: Path) -> None:
+        export_onnx(loaded, path)
+        (repo / "tiny").mkdir()
+        (repo / "tiny" / "theirs.txt").write_text("not imgcls's")
+
+    with pytest.raises(StorageError, match=r"^could not publish .*tiny .*remove it or pass name=OTHER$"):
+        write_repository(loaded, opts, write_while_someone_fills_the_target)
+    assert (repo / "tiny" / "theirs.txt").read_text() == "not imgcls's"
+    assert sorted(p.name for p in repo.iterdir()) == ["tiny"]  # our hidden build folder is gone too

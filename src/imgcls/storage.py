@@ -28,6 +28,12 @@ _UMASK = os.umask(0o022)  # read once, at import (setting it is the only way to 
 os.umask(_UMASK)
 
 
+def readable_mode(directory: bool = False) -> int:
+    """The mode a new file (or folder) of the user's gets: what mkstemp/mkdtemp's private 0600/0700 would have been
+    under the user's umask."""
+    return (0o777 if directory else 0o666) & ~_UMASK
+
+
 def write_atomic(path: Path, write: Callable[[Path], None], what: str = "", durable: bool = False) -> None:
     """Write `path` via `write(temp_path)` and rename it into place. `what` names the file in errors
     ("checkpoint"). durable=True (checkpoints, always in RUN_DIR/checkpoints, a folder imgcls made) fsyncs
@@ -46,7 +52,7 @@ def write_atomic(path: Path, write: Callable[[Path], None], what: str = "", dura
         raise StorageError(f"could not write {label} ({exc.strerror or type(exc).__name__})") from None
     try:
         write(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; our files are as readable as any other
+        os.chmod(tmp, readable_mode())  # mkstemp makes 0600; our files are as readable as any other
         if durable:
             _fsync(tmp, os.O_RDONLY)  # the bytes are on disk before the name points at them
         os.replace(tmp, path)

@@ -31,8 +31,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.data.transforms import val_resize_size
-from imgcls.errors import ConfigError
+from imgcls.errors import ConfigError, StorageError
 from imgcls.models.trained import TrainedModel
+from imgcls.storage import readable_mode
 
 INPUT, OUTPUT = "images", "logits"  # the names export_onnx gives the graph's input and output
 PRECISIONS = ("fp32", "fp16")
@@ -115,9 +116,15 @@ def write_repository(trained: TrainedModel, opts: dict[str, Any], write_onnx: Ca
             config_text(target.name, platform, size, len(trained.classes), opts["max_batch"], opts["precision"])
         )
         (tmp / "README.md").write_text(readme_text(trained, target, opts))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a server user must be able to read the repository
+        os.chmod(tmp, readable_mode(directory=True))  # mkdtemp makes 0700; a Triton server user must read it
         check_repository(tmp)  # parsed with Triton's protobuf and compared with the ONNX graph before it goes live
-        os.replace(tmp, target)  # an empty target folder is replaced; a non-empty one was refused above
+        try:
+            os.replace(tmp, target)  # an empty target folder is replaced; a non-empty one was refused above
+        except OSError as exc:  # filled (ENOTEMPTY/EEXIST) since that check, e.g. by a concurrent export
+            raise StorageError(
+                f"could not publish {target} ({exc.strerror or type(exc).__name__}); it was left as it is, "
+                "remove it or pass name=OTHER"
+            ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)  # ours alone: mkdtemp made it
@@ -136,12 +143,6 @@ def write_repository(trained: TrainedModel, opts: dict[str, Any], write_onnx: Ca
         "weights": "ema" if trained.ema else "raw",
         "tensorrt_skipped": engine_note is not None,
     }
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def config_text(name: str, platform: str, size: int, classes: int, max_batch: int, precision: str) -> str:
