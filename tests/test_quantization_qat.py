@@ -3,6 +3,7 @@ evaluate / export read back, and a Q/DQ ONNX export that ONNX Runtime runs like 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +87,10 @@ def test_qat_checkpoint_loads_exports_to_qdq_onnx_and_runs_in_onnxruntime(
 
     out = tmp_path / "qat.onnx"
     export(compose_config([f"ckpt={ckpt}", "format=onnx", f"output={out}"], config_name="export"))
-    ops = {node.op_type for node in onnx.load(str(out)).graph.node}
-    assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # what TensorRT builds an INT8 engine from
+    model = onnx.load(str(out))
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in model.graph.node}  # TensorRT's INT8
+    meta = json.loads({p.key: p.value for p in model.metadata_props}["imgcls"])
+    assert meta["quantization"]["method"] == "qat (recipe=qat, 1 epochs)" and meta["classes"] == trained.classes
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     logits = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
     assert (logits.argmax(1) == fake_quant.argmax(1)).mean() >= 0.95

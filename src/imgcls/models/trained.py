@@ -44,9 +44,10 @@ class TrainedModel:
     ema: bool = False
     kind: str = "checkpoint"  # checkpoint | weights | state_dict
     run_config: dict[str, Any] = field(default_factory=dict)
+    quantizers: dict[str, Any] | None = None  # recipe=qat: the fake quantizers' layout (quantization/qat.py)
 
     def metadata(self) -> dict[str, Any]:
-        return {
+        meta = {
             "format": EXPORT_FORMAT,
             "arch": self.arch,
             "model": self.model_cfg,
@@ -55,6 +56,9 @@ class TrainedModel:
             "preprocessing": self.preprocessing,
             "ema": self.ema,
         }
+        if self.quantizers is not None:  # what an export of a QAT network says of itself (as format=int8's does)
+            meta["quantization"] = qat.describe(self.run_config)
+        return meta
 
 
 def preprocessing_of(data_cfg: Any) -> dict[str, Any]:
@@ -97,8 +101,9 @@ def load_trained(
         state = {k[len(prefix) :]: v for k, v in blob["state_dict"].items() if k.startswith(prefix)}
         model = dict(hparams["model"])
         net = _build(model, len(hparams["classes"]))
-        if blob.get(qat.STATE_KEY) is not None:  # recipe=qat: the quantizers first, their ranges come with the weights
-            net = qat.restore(net, blob[qat.STATE_KEY])
+        quantizers = blob.get(qat.STATE_KEY)
+        if quantizers is not None:  # recipe=qat: the quantizers first, their ranges come with the weights
+            net = qat.restore(net, quantizers)
         load_state(net, state, f"{key}={path}", meta["arch"], new_head_ok=False)
         prep = preprocessing_of(hparams["run_config"]["data"])
         return TrainedModel(
@@ -110,12 +115,16 @@ def load_trained(
             use_ema,
             "checkpoint",
             hparams["run_config"],
+            quantizers,
         )
     if is_weights_export(blob):
         _check_arch(blob["arch"], model_cfg, path, key)
         if use_ema and not blob.get("ema"):
             raise CheckpointError(f"{key}={path} holds the raw weights; export with use_ema=true for the EMA ones")
         net = _build(blob["model"], len(blob["classes"]))
+        quantizers = blob.get(qat.STATE_KEY)
+        if quantizers is not None:  # a weights export of a QAT checkpoint
+            net = qat.restore(net, quantizers)
         load_state(net, blob["state_dict"], f"{key}={path}", blob["arch"], new_head_ok=False)
         return TrainedModel(
             net.eval(),
@@ -125,6 +134,7 @@ def load_trained(
             dict(blob["preprocessing"]),
             bool(blob.get("ema")),
             "weights",
+            quantizers=quantizers,
         )
     state = state_dict_of(blob, path, key)
     if model_cfg is None:

@@ -111,3 +111,19 @@ def calibration_device() -> torch.device:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     return torch.device("cpu")
 
+
+
+def describe(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The "quantization" entry of a QAT network's exports (format=int8 writes the same key for PTQ)."""
+    recipe = run_config.get("recipe") or {}
+    settings = recipe.get("qat") or {}
+    return {
+        "format": "onnx-qdq",
+        "weights": "int8 symmetric per-channel",
+        "activations": "int8 symmetric",
+        "method": f"qat (recipe={recipe.get('name')}, {recipe.get('epochs')} epochs)",
+        "calibration_images": settings.get("calibration_images"),
+        "calibration_seed": settings.get("seed"),
+        "calibration_preprocessing": "val",
+        "tool": "nvidia-modelopt",
+    }
