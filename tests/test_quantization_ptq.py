@@ -80,6 +80,23 @@ def test_int8_model_is_qdq_with_int8_per_channel_symmetric_weights(models: dict[
     assert note["activations"] == "int8 symmetric" and note["weights"] == "int8 symmetric per-channel"
 
 
+def test_uint8_activations_for_onnxruntime_cpu(models: dict[str, Path], image_folder: Path, tmp_path: Path) -> None:
+    """calibration.activations=uint8: asymmetric uint8 activations (ORT CPU's fully fused kernels), int8 weights."""
+    out = tmp_path / "u8.onnx"
+    export(compose_config([f"ckpt={models['ckpt']}", "format=int8", "calibration.activations=uint8",
+                           "calibration.images=24", f"output={out}"], config_name="export"))  # fmt: skip
+    model = onnx.load(str(out))
+    inits = _initializers(model)
+    activation_zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert activation_zero_points and all(z.dtype == np.uint8 for z in activation_zero_points)
+    weights = [inits[n.input[0]] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits]
+    assert any(w.dtype == np.int8 and w.ndim == 4 for w in weights)
+    u8, fp32 = load_onnx(out), load_onnx(models["fp32"])
+    assert u8.quantization["activations"] == "uint8 asymmetric" and u8.quantization["calibration_images"] == 24
+    images, _ = _images(image_folder, u8.preprocessing)
+    assert (u8(images).argmax(1) == fp32(images).argmax(1)).mean() >= MIN_AGREEMENT
+
+
 def _images(folder: Path, preprocessing: dict) -> tuple[torch.Tensor, list[Path]]:
     transform = val_transform(OmegaConf.create(preprocessing))
     paths = sorted(folder.rglob("*.jpg"))

@@ -97,7 +97,12 @@ def load_onnx(path: str | Path, threads: int | None = None, key: str = "ckpt") -
         raise CheckpointError(f"{key}={path} has no imgcls metadata (export it with python -m imgcls.export)")
     try:
         metadata = json.loads(raw)
-        metadata["classes"], metadata["preprocessing"]  # noqa: B018 - both are needed by every user
-    except (ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{key}={path} has unreadable imgcls metadata (re-export it)") from None
+    except ValueError:
+        metadata = None
+    if (
+        not isinstance(metadata, dict)
+        or not isinstance(metadata.get("classes"), list)
+        or not isinstance(metadata.get("preprocessing"), dict)
+    ):
+        raise CheckpointError(f"{key}={path} has unreadable imgcls metadata (re-export it)")
     return OnnxModel(session, str(path), metadata)

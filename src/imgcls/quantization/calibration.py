@@ -15,7 +15,6 @@ few hundred training images (data.root=DIR).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -100,7 +99,3 @@ def _batches(loader: DataLoader, bad_images: BadImageLog, images: int, batch_siz
             return
     if held and given < images:
         yield torch.cat(pending)[: images - given].float().contiguous()
-
-
-def describe(data_cfg: Any, images: int, seed: int) -> str:
-    return f"{images} training images of {data_cfg.get('root')} (seed {seed}, val preprocessing)"

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from imgcls.errors import ConfigError
 from imgcls.models.onnx_model import METADATA_KEY
 from imgcls.models.trained import TrainedModel
-from imgcls.quantization.calibration import calibration_batches, calibration_dataset
+from imgcls.quantization.calibration import calibration_batches
 
 METHODS = ("percentile", "minmax", "entropy")
 # The default: measured on the CIFAR-10 ResNet18 of docs/benchmarks.md (10,000 val images, 512 calibration
@@ -112,19 +112,17 @@ def write_int8(
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quant_pre_process, quantize_static
 
-    calibration_dataset(data_cfg, trained.preprocessing)  # a missing or shard data.root: one line, before export
     started = time.perf_counter()
+    # Read first (a missing data.root or a bad file is one line before any export work), and held in memory
+    # (512 images at 224 px: 300 MB) so that the reader knows its length.
+    batches = [
+        b.numpy()
+        for b in calibration_batches(data_cfg, trained.preprocessing, opts["images"], opts["batch_size"], opts["seed"])
+    ]
     with tempfile.TemporaryDirectory(prefix="imgcls-int8-") as tmp:
         fp32, prepared, quantized = Path(tmp) / "fp32.onnx", Path(tmp) / "prepared.onnx", Path(tmp) / "int8.onnx"
         write_fp32(fp32)
         quant_pre_process(str(fp32), str(prepared))
-        # Held in memory (512 images at 224 px: 300 MB) so that the reader knows its length.
-        batches = [
-            b.numpy()
-            for b in calibration_batches(
-                data_cfg, trained.preprocessing, opts["images"], opts["batch_size"], seed=opts["seed"]
-            )
-        ]
         reader = _reader(batches, onnx.load(str(prepared), load_external_data=False).graph.input[0].name)
         method = {
             "minmax": CalibrationMethod.MinMax,
