@@ -102,3 +102,24 @@ def test_qat_without_trained_weights_is_one_line(image_folder: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"^recipe=qat fine-tunes a trained network .*set model.weights=PATH"):
         check_config(compose_config(tiny_overrides(image_folder, "recipe=qat")))
+
+
+def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
+    fp32_run: Path, qat_run: Path, image_folder: Path, tmp_path: Path
+) -> None:
+    """`train.py recipe=qat trainer.devices=2` (Lightning's launcher, gloo): each rank calibrates the same training
+    images, so the ranges are those of a one-process run, bit for bit; the weight ranges are not trained (static
+    scales), so the checkpoints' ranges must match exactly."""
+    from tests.conftest import run_cli
+    from tests.test_distributed import TWO_PROCESSES, clean_env
+
+    weights = fp32_run / "checkpoints" / "last.ckpt"
+    args = tiny_overrides(image_folder, *QAT_OVERRIDES, *TWO_PROCESSES, "trainer.devices=2", f"model.weights={weights}")
+    result = run_cli("train.py", *args, f"hydra.run.dir={tmp_path}", env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranges = {}
+    for name, run_dir in (("one", qat_run), ("two", tmp_path)):
+        state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+        ranges[name] = {k: v for k, v in state.items() if k.endswith("_quantizer._amax")}
+    assert len(ranges["two"]) > 40 and ranges["two"].keys() == ranges["one"].keys()
+    assert all(torch.equal(ranges["one"][k], ranges["two"][k]) for k in ranges["one"])
