@@ -85,6 +85,12 @@ def test_qat_checkpoint_loads_exports_to_qdq_onnx_and_runs_in_onnxruntime(
     assert 0 < np.abs(fake_quant - fp32).max() < 0.5 * np.abs(fp32).max()
     assert (fake_quant.argmax(1) == fp32.argmax(1)).mean() >= 0.8
 
+    # A weights export of the QAT checkpoint reads back as the same quantized network.
+    weights = tmp_path / "qat.pt"
+    export(compose_config([f"ckpt={ckpt}", "format=weights", f"output={weights}"], config_name="export"))
+    with torch.inference_mode():
+        assert torch.equal(load_trained(weights).net(images), torch.from_numpy(fake_quant))
+
     out = tmp_path / "qat.onnx"
     export(compose_config([f"ckpt={ckpt}", "format=onnx", f"output={out}"], config_name="export"))
     model = onnx.load(str(out))

@@ -30,6 +30,7 @@ from imgcls.errors import ConfigError, DataError
 from imgcls.export import triton
 from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
 from imgcls.quantization import ptq
+from imgcls.quantization.qat import STATE_KEY as QUANTIZERS_KEY
 from imgcls.storage import write_atomic
 
 # The default output's suffix after <stem>[_ema]; triton writes a folder (repo=).
@@ -116,7 +117,10 @@ def calibration_data(cfg: DictConfig, trained: TrainedModel, ckpt: str) -> DictC
 
 
 def export_weights(trained: TrainedModel, path: Path) -> None:
-    torch.save({**trained.metadata(), "state_dict": trained.net.state_dict()}, path)
+    blob = {**trained.metadata(), "state_dict": trained.net.state_dict()}
+    if trained.quantizers is not None:  # a QAT network: its quantizers' layout, for models/trained.py to rebuild
+        blob[QUANTIZERS_KEY] = trained.quantizers
+    torch.save(blob, path)
 
 
 def _example(trained: TrainedModel, batch: int = 2) -> torch.Tensor:
