@@ -61,7 +61,7 @@ def calibration_batches(
     """`images` training images (fewer only if the split holds fewer good ones) in batches of `batch_size`
     (the last one may be smaller): float NCHW, normalized, fp32, the same for the same seed."""
     if not isinstance(images, int) or isinstance(images, bool) or images < 1:
-        raise ConfigError(f"calibration.images={images} must be a positive whole number (e.g. 512)")
+        raise ConfigError(f"calibration.images={images} must be a positive whole number (e.g. 2048)")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
     dataset = calibration_dataset(data_cfg, preprocessing)
