@@ -129,3 +129,30 @@ def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
         ranges[name] = {k: v for k, v in state.items() if k.endswith("_quantizer._amax")}
     assert len(ranges["two"]) > 40 and ranges["two"].keys() == ranges["one"].keys()
     assert all(torch.equal(ranges["one"][k], ranges["two"][k]) for k in ranges["one"])
+
+
+def test_int8_export_of_a_qat_checkpoint_requantizes_its_fine_tuned_weights_for_onnxruntime(
+    qat_run: Path, image_folder: Path, tmp_path: Path
+) -> None:
+    """format=int8 on a QAT checkpoint: the fine-tuned float weights (fake quantizers off, so BN folds into the
+    convs at export) through ORT's static quantization, whose Q/DQ placement ORT's CPU kernels fuse."""
+    import onnx
+    import onnxruntime as ort
+
+    ckpt = qat_run / "checkpoints" / "last.ckpt"
+    out = tmp_path / "qat_int8.onnx"
+    overrides = [f"ckpt={ckpt}", "format=int8", f"output={out}", "calibration.images=24", "calibration.batch_size=8"]
+    export(compose_config(overrides, config_name="export"))
+    model = onnx.load(str(out))
+    ops = [node.op_type for node in model.graph.node]
+    assert "BatchNormalization" not in ops and ops.count("QuantizeLinear") > 0  # a float export, then ORT's Q/DQ
+    meta = json.loads({p.key: p.value for p in model.metadata_props}["imgcls"])
+    assert meta["quantization"]["fine_tuned"] == "qat (recipe=qat, 1 epochs)"
+    assert meta["quantization"]["tool"].startswith("onnxruntime")
+    trained = load_trained(ckpt)
+    images = _val_batch(image_folder, trained.preprocessing)
+    with torch.inference_mode():
+        fake_quant = trained.net(images).numpy()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+    assert (logits.argmax(1) == fake_quant.argmax(1)).mean() >= 0.9

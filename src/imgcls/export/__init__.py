@@ -31,6 +31,7 @@ from imgcls.export import triton
 from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
 from imgcls.quantization import ptq
 from imgcls.quantization.qat import STATE_KEY as QUANTIZERS_KEY
+from imgcls.quantization.qat import without_quantizers
 from imgcls.storage import write_atomic
 
 # The default output's suffix after <stem>[_ema]; triton writes a folder (repo=).
@@ -68,6 +69,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"output={output} is a folder; give the path of the file to write")
     # Exported files are plain NCHW fp32, whatever memory format training used.
     trained.net = trained.net.float().to(memory_format=torch.contiguous_format).eval()
+    if fmt == "int8" and trained.quantizers is not None:
+        # A QAT network: its fine-tuned weights, in float, quantized by ORT's own static quantization. modelopt
+        # places Q/DQ for TensorRT (conv inputs, BN left to fold); ORT's CPU kernels fuse ORT's placement only.
+        trained.net = without_quantizers(trained.net)
     quantization: dict[str, Any] = {}
     writers: dict[str, Callable[[TrainedModel, Path], None]] = {
         "weights": export_weights,

@@ -168,7 +168,10 @@ def write_int8(
         }
         model = onnx.load(str(quantized))
         source = {p.key: p.value for p in onnx.load(str(fp32), load_external_data=False).metadata_props}
-        metadata = {**json.loads(source[METADATA_KEY]), "quantization": note}
+        fp32_meta = json.loads(source[METADATA_KEY])
+        if fp32_meta.get("quantization"):  # the weights of a QAT network (recipe=qat), quantized again here
+            note["fine_tuned"] = fp32_meta["quantization"]["method"]
+        metadata = {**fp32_meta, "quantization": note}
         del model.metadata_props[:]  # quantize_static keeps some, drops others: the fp32 export's, rewritten
         entry = model.metadata_props.add()
         entry.key, entry.value = METADATA_KEY, json.dumps(metadata)

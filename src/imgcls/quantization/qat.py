@@ -127,3 +127,12 @@ def describe(run_config: dict[str, Any]) -> dict[str, Any]:
         "calibration_preprocessing": "val",
         "tool": "nvidia-modelopt",
     }
+
+
+def without_quantizers(net: nn.Module) -> nn.Module:
+    """The QAT-fine-tuned network in float (every fake quantizer off): for `format=int8`, whose ONNX Runtime
+    quantization places Q/DQ where ORT's CPU kernels fuse them (modelopt places them for TensorRT)."""
+    mtq, _ = _modelopt()
+    with _quiet():
+        mtq.disable_quantizer(net, "*")
+    return net
