@@ -34,6 +34,17 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in OmegaConf.to_container(cfg.data).items() if v is not None}
 
 
+def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: str) -> ClassificationDataModule:
+    """The data of data_cfg, refused in one line when its classes are not the model's."""
+    datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
+    if datamodule.classes != classes:
+        raise DataError(
+            f"data.root={data_cfg.root} has {len(datamodule.classes)} classes that differ from the "
+            f"{len(classes)} of ckpt={ckpt} (e.g. {datamodule.classes[:3]} vs {classes[:3]})"
+        )
+    return datamodule
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg, EVALUATE)  # every value, once, before a checkpoint is read
     ckpt = required_ckpt(cfg)
@@ -53,12 +64,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         precision = precision_config(cfg)
         batch_size = int(data_cfg.batch_size or 64)
 
-    datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
-    if datamodule.classes != trained.classes:
-        raise DataError(
-            f"data.root={data_cfg.root} has {len(datamodule.classes)} classes that differ from the "
-            f"{len(trained.classes)} of ckpt={ckpt} (e.g. {datamodule.classes[:3]} vs {trained.classes[:3]})"
-        )
+    datamodule = val_data(data_cfg, batch_size, trained.classes, ckpt)
     module = _module_for(trained, recipe)
     precision_name, plugins = resolve_precision(precision, str(cfg.trainer.accelerator))
     report = ReportCallback(cfg.run_dir)
@@ -110,12 +116,7 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
     model = load_onnx(ckpt)
     data_cfg = OmegaConf.merge(compose_train(["data=folder"]).data, model.preprocessing, data_overrides(cfg))
     batch_size = int(data_cfg.batch_size or 64)
-    datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
-    if datamodule.classes != model.classes:
-        raise DataError(
-            f"data.root={root} has {len(datamodule.classes)} classes that differ from the "
-            f"{len(model.classes)} of ckpt={ckpt} (e.g. {datamodule.classes[:3]} vs {model.classes[:3]})"
-        )
+    datamodule = val_data(data_cfg, batch_size, model.classes, ckpt)
     classes = len(model.classes)
     top1 = MulticlassAccuracy(classes, top_k=1, average="micro")
     top5 = MulticlassAccuracy(classes, top_k=min(5, classes), average="micro")

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from imgcls.config_checks import choice, integer, number
 from imgcls.errors import ConfigError
 from imgcls.models.onnx_model import METADATA_KEY
 from imgcls.models.trained import TrainedModel
@@ -44,39 +45,26 @@ ACTIVATIONS = ("int8", "uint8")
 ACTIVATIONS = ("int8", "uint8")
 
 
+# The calibration keys, with config_checks' rules (the one place that words what a value must be).
+CHECKS = {
+    "images": integer(1),
+    "batch_size": integer(1),
+    "method": choice(*METHODS),
+    "percentile": number(50, 100, open_low=True),
+    "seed": integer(0),
+    "activations": choice(*ACTIVATIONS),
+}
+
+
 def options(cfg: DictConfig) -> dict[str, Any]:
     """The calibration keys, checked before the checkpoint is loaded (a typo costs no model load)."""
     calibration = cfg.get("calibration") or {}
-    images = calibration.get("images")
-    if not _whole(images) or images < 1:
-        raise ConfigError(f"calibration.images={images} must be a positive whole number (e.g. 2048)")
-    batch_size = calibration.get("batch_size")
-    if not _whole(batch_size) or batch_size < 1:
-        raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
-    method = str(calibration.get("method"))
-    if method not in METHODS:
-        raise ConfigError(f"calibration.method={method} is not allowed; use {', '.join(METHODS)}")
-    percentile = calibration.get("percentile")
-    if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 50 < percentile <= 100:
-        raise ConfigError(f"calibration.percentile={percentile} must be a number in (50, 100] (e.g. 99.99)")
-    seed = calibration.get("seed")
-    if not _whole(seed) or seed < 0:
-        raise ConfigError(f"calibration.seed={seed} must be a whole number >= 0")
-    activations = str(calibration.get("activations"))
-    if activations not in ACTIVATIONS:
-        raise ConfigError(f"calibration.activations={activations} is not allowed; use {', '.join(ACTIVATIONS)}")
-    return {
-        "images": images,
-        "batch_size": batch_size,
-        "method": method,
-        "percentile": float(percentile),
-        "seed": seed,
-        "activations": activations,
-    }
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    opts = {key: calibration.get(key) for key in CHECKS}
+    for key, check in CHECKS.items():
+        allowed = check(opts[key])
+        if allowed is not None:
+            raise ConfigError(f"calibration.{key}={opts[key]} must be {allowed}")
+    return {**opts, "percentile": float(opts["percentile"])}
 
 
 def _reader(batches: list[np.ndarray], input_name: str) -> Any:
