@@ -181,7 +181,8 @@ def test_every_combination_composes_and_plans() -> None:
         )
         plan = resolve_plan(cfg, check_devices=False)
         assert plan.global_batch == plan.per_device_batch * plan.world_size * plan.accumulation
-        assert plan.lr == pytest.approx(cfg.recipe.lr_per_256 * plan.global_batch / 256)
+        scaled = cfg.recipe.lr_per_256 * plan.global_batch / 256
+        assert plan.lr == pytest.approx(cfg.recipe.lr if cfg.recipe.get("lr") else scaled)  # recipe.lr: absolute
         assert plan.weight_decay > 0
         if (p, h) == (PRECISIONS[0], HARDWARE[0]) or m == "resnet50":
             OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
@@ -209,7 +210,8 @@ def test_groups_offer_the_documented_options() -> None:
     assert set(PRECISIONS) == {"amp", "bf16", "tf32", "fp32"}
     assert set(HARDWARE) == {"dgx1v", "dgx1v_32g", "dgx2v", "dgxa100", "t4", "cpu"}
     assert set(RECIPES) == {"50e", "90e", "250e", "efficientnet", "tf1_90e", "tf1_250e", "tf2_efficientnet",
-                            "tf2_efficientnet_stagewise"}  # fmt: skip
+                            "tf2_efficientnet_stagewise", "qat", "qat_efficientnet_b0",
+                            "qat_efficientnet_b4"}  # fmt: skip
     assert {"imagenet", "demo", "folder", "synthetic"} <= set(options("data"))
     assert {"csv", "tensorboard", "wandb"} <= set(options("logger"))
 
