@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from imgcls.config import compose_train, model_config, required_ckpt
 from imgcls.errors import ConfigError, DataError
 from imgcls.export import triton
+from imgcls.models.onnx_model import METADATA_KEY  # the one reader's key, so writer and reader agree
 from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
 from imgcls.quantization import ptq
 from imgcls.quantization.qat import STATE_KEY as QUANTIZERS_KEY
@@ -37,7 +38,6 @@ from imgcls.storage import write_atomic
 # The default output's suffix after <stem>[_ema]; triton writes a folder (repo=).
 FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts", "int8": "_int8.onnx", "triton": ""}
 ONNX_OPSET = 18  # the TorchScript-based exporter's newest well-supported opset; onnxruntime runs it
-METADATA_KEY = "imgcls"
 
 
 def default_output(ckpt: str, fmt: str, ema: bool) -> Path:

@@ -17,7 +17,7 @@ import torch
 
 from imgcls.errors import CheckpointError
 
-METADATA_KEY = "imgcls"  # the metadata_props key imgcls.export writes (export.METADATA_KEY)
+METADATA_KEY = "imgcls"  # the metadata_props key imgcls.export writes and this module reads
 
 
 def is_onnx_path(path: str | Path) -> bool:
