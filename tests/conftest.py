@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,11 @@ from omegaconf import DictConfig, open_dict
 from PIL import Image
 
 import imgcls.config  # noqa: F401 - registers the config resolvers
+from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-SHARED = ROOT.parent / "shared" / "datasets"
+TEST_DATA = ROOT / "tests" / "data"
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -76,6 +78,32 @@ def make_image_folder(
     return root
 
 
+def sample_photos(out: Path, count: int) -> list[Path]:
+    """`count` real photos as JPEG files in `out`: scikit-learn's two sample photos (640x427, CC BY 2.0; credits in
+    sklearn/datasets/images/README.txt), byte for byte, then crops of them at varied sizes, aspect ratios and
+    offsets, re-encoded at quality 90. The crops keep the photos' texture and JPEG statistics, which generated
+    images lack; every shorter side is at least 260 px, so a 256-resize and a 224-crop both downscale."""
+    from sklearn.datasets import images as sklearn_images
+
+    folder = Path(sklearn_images.__file__).parent
+    sources = [folder / "china.jpg", folder / "flower.jpg"]
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        source = sources[i % 2]
+        target = out / f"photo_{i:02d}_{source.stem}.jpg"
+        if i < 2:
+            shutil.copyfile(source, target)
+        else:
+            with Image.open(source) as photo:
+                width, height = int(rng.integers(300, 641)), int(rng.integers(260, 428))
+                left, top = int(rng.integers(0, 641 - width)), int(rng.integers(0, 428 - height))
+                photo.convert("RGB").crop((left, top, left + width, top + height)).save(target, quality=90)
+        paths.append(target)
+    return paths
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_image_folder(tmp_path_factory.mktemp("images"))
@@ -90,16 +118,10 @@ def tiny_overrides(data_root: Path, *extra: str) -> list[str]:
 def run_cli(
     script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run train.py / evaluate.py as a user would, in a subprocess."""
-    full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run train.py / evaluate.py as a user would, in a real process (of the warm server: tests/warm_python.py)."""
+    argv = [str(ROOT / script), *args]
+    code, out, err = warm_python.run(argv, env={"WANDB_MODE": "offline", **(env or {})}, timeout=timeout)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
 
 
 def read_report(run_dir: Path) -> dict[str, Any]:

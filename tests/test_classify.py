@@ -6,7 +6,6 @@ import json
 import re
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,12 @@ from imgcls.errors import ConfigError
 from imgcls.export import export_onnx, export_weights
 from imgcls.models.factory import build_network
 from imgcls.models.trained import TrainedModel, load_trained
-from tests.conftest import SHARED, compose_config
+from tests.conftest import TEST_DATA, compose_config, sample_photos
 from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
 
-ARCHIVE = SHARED / "imagenet-samples-500.tar.gz"
+# The file names of the 500 ImageNet sample photos (one per class, `<wnid>_<class name>.JPEG`) the project's
+# benchmarks read: the names only, no images.
+SAMPLE_NAMES = TEST_DATA / "imagenet-sample-photo-names.txt"
 
 
 @pytest.fixture(scope="session")
@@ -48,13 +49,7 @@ def mixed_folder(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    if not ARCHIVE.is_file():
-        pytest.skip(f"{ARCHIVE} is not there")
-    out = tmp_path_factory.mktemp("classify-photos")
-    with tarfile.open(ARCHIVE) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".JPEG")][:4]
-        tar.extractall(out, members=members, filter="data")
-    return sorted(out.rglob("*.JPEG"))
+    return sample_photos(tmp_path_factory.mktemp("classify-photos"), 4)
 
 
 def _norm(name: str) -> str:
@@ -64,10 +59,7 @@ def _norm(name: str) -> str:
 def test_imagenet_names_match_the_sample_photos_file_names() -> None:
     names = imagenet_names()
     assert len(names) == 1000 and list(names) == sorted(names) and len(set(names.values())) == 1000
-    if not ARCHIVE.is_file():
-        pytest.skip(f"{ARCHIVE} is not there")
-    with tarfile.open(ARCHIVE) as tar:
-        samples = [re.match(r".*/(n\d{8})_(.+)\.JPEG$", n) for n in tar.getnames()]
+    samples = [re.fullmatch(r"(n\d{8})_(.+)\.JPEG", n) for n in SAMPLE_NAMES.read_text().split()]
     pairs = {m.group(1): m.group(2) for m in samples if m}
     assert len(pairs) == 500
     mismatched = {wnid for wnid, name in pairs.items() if _norm(names[wnid]) != _norm(name)}

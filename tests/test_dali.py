@@ -4,7 +4,6 @@ torchvision, crop ranges, exact sharding, Lightning runs (one process and 2-proc
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from torchvision.datasets import ImageFolder
 from imgcls.data.backends import make_backend
 from imgcls.data.dali.file_list import FileList
 from imgcls.errors import ConfigError
-from tests.conftest import SHARED, compose_config, make_image_folder, read_report, run_cli, tiny_overrides
+from tests.conftest import compose_config, make_image_folder, read_report, run_cli, sample_photos, tiny_overrides
 
 pytest.importorskip("nvidia.dali")
 
@@ -82,16 +81,8 @@ def test_labels_identical_to_imagefolder(tmp_path: Path) -> None:
 
 
 def _photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """16 real ImageNet photos from the shared archive (generated JPEGs when it is absent)."""
-    archive = SHARED / "imagenet-samples-500.tar.gz"
-    out = tmp_path_factory.mktemp("photos")
-    if archive.exists():
-        with tarfile.open(archive) as tar:
-            members = sorted((m for m in tar.getmembers() if m.name.endswith(".JPEG")), key=lambda m: m.name)[::31][:16]
-            tar.extractall(out, members=members, filter="data")
-        return sorted(out.rglob("*.JPEG"))
-    make_image_folder(out, classes=2, train_per_class=1, val_per_class=8, size=(333, 250))
-    return sorted((out / "val").rglob("*.jpg"))
+    """16 real photos (conftest.sample_photos)."""
+    return sample_photos(tmp_path_factory.mktemp("photos"), 16)
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])

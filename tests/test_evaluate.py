@@ -7,9 +7,7 @@ which the other test modules of this feature import (the run dir is cached on di
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from imgcls.errors import CheckpointError, ConfigError
 from imgcls.evaluate import run as evaluate
 from imgcls.export import export_weights
 from imgcls.models.trained import load_trained
+from tests import warm_python
 from tests.conftest import ROOT, compose_config, read_report, tiny_overrides
 
 
@@ -34,14 +33,9 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Pa
 
 
 def run_clis(cases: dict[str, list[str]], timeout: float = 600) -> dict[str, subprocess.CompletedProcess]:
-    """Run several CLI invocations as a user would, concurrently (most of each is Python's import time)."""
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for name, args in cases.items()
-    }
+    """Run several CLI invocations as a user would, concurrently, as real processes of the warm server
+    (tests/warm_python.py)."""
+    procs = {name: warm_python.start(list(args), env={"WANDB_MODE": "offline"}) for name, args in cases.items()}
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=timeout)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from imgcls.errors import CheckpointError
 from imgcls.export import run as export
 from imgcls.models.factory import build_network
 from imgcls.models.trained import load_trained
-from tests.conftest import SHARED, compose_config
+from tests.conftest import compose_config, sample_photos
 from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
 
 # fp32 PyTorch vs onnxruntime on the same preprocessed photos: the largest logit difference allowed.
@@ -33,15 +32,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Pat
 
 @pytest.fixture(scope="session")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Eight real ImageNet photos (of the shared sample archive), extracted outside the repository."""
-    archive = SHARED / "imagenet-samples-500.tar.gz"
-    if not archive.is_file():
-        pytest.skip(f"{archive} is not there")
-    out = tmp_path_factory.mktemp("photos")
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".JPEG")][:8]
-        tar.extractall(out, members=members, filter="data")
-    return sorted(out.rglob("*.JPEG"))
+    """Eight real photos (conftest.sample_photos)."""
+    return sample_photos(tmp_path_factory.mktemp("photos"), 8)
 
 
 def _export(ckpt: Path, out: Path, *overrides: str) -> dict:

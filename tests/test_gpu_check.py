@@ -16,7 +16,7 @@ from imgcls.bench import gpu_check
 from imgcls.config_checks import check_config
 from imgcls.plan import resolve_plan
 from imgcls.trainer import check_trainer_args
-from tests.conftest import ROOT, SHARED, compose_config, tiny_overrides
+from tests.conftest import ROOT, compose_config, tiny_overrides
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
@@ -88,8 +88,8 @@ def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> N
 
 
 def test_published_numbers_are_nvidias() -> None:
-    """Each number next to ours is in the reference's A.2 training-performance tables, on its GPU's row."""
-    reference = (SHARED.parent / "reference" / "nvidia-convnets.md").read_text()
+    """Each number next to ours is in NVIDIA's ResNet50 training-performance tables, on its GPU's row."""
+    reference = (ROOT / "docs" / "reference" / "nvidia-training-performance.md").read_text()
     rows = re.findall(r"^\|\s+(1|8)\s+\|\s+(\d+) img/s\s+\|\s+(\d+) img/s", reference, flags=re.M)[:6]
     expected = []
     for key in ("dgxa100", "dgx1v", "dgx1v_32g"):

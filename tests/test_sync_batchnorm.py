@@ -2,15 +2,13 @@
 
 The network is converted by the layer-sync plugin the run's Trainer carries (the one Lightning's DDP
 strategy applies before wrapping), on the real ClassificationModule with EMA, and compared with the
-unconverted network on real CIFAR-10 JPEGs in eval mode. SyncBatchNorm's eval forward uses the running
+unconverted network on real photos in eval mode. SyncBatchNorm's eval forward uses the running
 statistics only, so it runs on CPU; its training forward is CUDA-only (hence the CPU refusal below).
 """
 
 from __future__ import annotations
 
 import copy
-import io
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -23,22 +21,15 @@ from imgcls.module import ClassificationModule
 from imgcls.plan import resolve_plan
 from imgcls.sync_batchnorm import TimmSyncBatchNorm, count_sync_batchnorm
 from imgcls.trainer import build_trainer
-from tests.conftest import SHARED, compose_config, tiny_overrides
-
-CIFAR = SHARED / "cifar10-jpeg.tar.gz"
-pytestmark = pytest.mark.skipif(not CIFAR.is_file(), reason="shared CIFAR-10 JPEGs not available")
+from tests.conftest import compose_config, sample_photos, tiny_overrides
 
 
-def cifar_batch(count: int = 6, size: int = 64) -> torch.Tensor:
-    """The first `count` val JPEGs of the shared archive, resized and normalized like the val loader."""
+def photo_batch(folder: Path, count: int = 6, size: int = 64) -> torch.Tensor:
+    """`count` real photos, resized and normalized like the val loader."""
     images = []
-    with tarfile.open(CIFAR) as archive:
-        for member in archive:
-            if member.isfile() and member.name.startswith("val/") and member.name.endswith(".jpg"):
-                image = Image.open(io.BytesIO(archive.extractfile(member).read())).convert("RGB")
-                images.append(np.asarray(image.resize((size, size), Image.BILINEAR), np.float32) / 255)
-                if len(images) == count:
-                    break
+    for path in sample_photos(folder, count):
+        with Image.open(path) as image:
+            images.append(np.asarray(image.convert("RGB").resize((size, size), Image.BILINEAR), np.float32) / 255)
     batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
     mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
     return (batch - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
@@ -70,7 +61,7 @@ def test_sync_bn_conversion_keeps_efficientnet_activations(image_folder: Path, t
             bn.running_mean.copy_(torch.randn(bn.num_features, generator=generator) * 0.1)
             bn.running_var.copy_(torch.rand(bn.num_features, generator=generator) + 0.5)
     module.ema.module.load_state_dict(module.net.state_dict())
-    images = cifar_batch()
+    images = photo_batch(tmp_path / "photos")
     reference = copy.deepcopy(module).eval()
 
     converted = layer_sync.apply(module).eval()
@@ -94,7 +85,7 @@ def test_torch_converter_drops_the_activations(image_folder: Path, tmp_path: Pat
     from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm
 
     module, _ = sync_bn_run(image_folder, tmp_path)
-    images = cifar_batch(2)
+    images = photo_batch(tmp_path / "photos", 2)
     with torch.no_grad():
         expected = module.eval().net(images)
         converted = TorchSyncBatchNorm().apply(module).eval()

@@ -4,8 +4,8 @@
 
 Each check is a real `python train.py ...` run in a subprocess (a fresh CUDA context per path; DDP launches
 its own processes); its img/s come from the run's benchmark.json / report.json. The resnet50 rows stand
-next to NVIDIA's published training throughput for this GPU (../shared/reference/nvidia-convnets.md,
-Appendix A.2 "Training performance"). On a machine without CUDA it says so in one line and exits 0;
+next to NVIDIA's published training throughput for this GPU (docs/reference/nvidia-training-performance.md,
+ResNet50 v1.5). On a machine without CUDA it says so in one line and exits 0;
 --plan prints the commands it would run (what tests/test_gpu_check.py checks on CPU).
 """
 

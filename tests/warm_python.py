@@ -1,0 +1,220 @@
+"""Real processes for the tests' command lines without paying Python's imports for each one.
+
+A `train.py`, `evaluate.py` or `python -m imgcls.*` process spends ~8 s of CPU importing torch, Lightning, timm and
+torchvision before it reads its config (measured in docs/testing.md), and the suite starts dozens of them. The
+warm server imports those libraries once per test process and forks a child per command: the child is a real
+process (its own pid, process group, file descriptors, signals, exit code; Lightning's DDP launcher and torchrun
+still start their ranks as fresh interpreters), which then runs the script as `__main__` the way `python SCRIPT`
+does, and exits through the interpreter's own exit steps (thread joins, atexit handlers) before `os._exit`.
+
+What a fork cannot give: a module that reads the environment or the working directory at import time sees the
+server's. imgcls reads neither at import, and the child applies `OMP_NUM_THREADS` to torch's thread pool itself.
+Tests about the interpreter itself (which modules a command imports) start `sys.executable` directly.
+
+Hand-written because multiprocessing's forkserver runs functions of the parent's code, not a script's `__main__`
+with argv, its own stdio files and a pid a test can signal; nothing in the standard library or pytest does that.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parents[1]
+# What a command imports before its work starts (imgcls.cli imports the mode's module by name).
+PRELOAD = ("imgcls.cli", "imgcls.train", "imgcls.evaluate", "imgcls.export", "imgcls.classify")
+
+
+# --- the server (runs in its own interpreter: python tests/warm_python.py SOCKET) -----------------------------
+def serve(socket_path: str) -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the supervisors
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(16)
+    print("ready", flush=True)
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in readable:  # the test process closed our stdin: it ended
+            return
+        conn, _ = listener.accept()
+        request = json.loads(conn.makefile().readline())
+        if os.fork() == 0:
+            listener.close()
+            _supervise(conn, request)
+        conn.close()
+
+
+def _supervise(conn: socket.socket, request: dict) -> None:
+    """Fork the command's process, tell the client its pid, then its exit code."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _run_command(request)
+    conn.sendall(f"{pid}\n".encode())
+    _, status = os.waitpid(pid, 0)
+    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    os._exit(0)
+
+
+def _run_command(request: dict) -> None:
+    import runpy
+    import traceback
+
+    os.setpgid(0, 0)  # its own process group, as a client's timeout kills the group (DDP ranks included)
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
+                            (2, request["stderr"], os.O_WRONLY | os.O_TRUNC)):  # fmt: skip
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if "OMP_NUM_THREADS" in os.environ:  # OpenMP read the server's value when it was loaded
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    argv = request["argv"]
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # the interpreter's own exit steps: join threads, then run atexit handlers
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+# --- the client (in the test process) ---------------------------------------------------------------------------
+class WarmProcess:
+    """The part of subprocess.Popen the tests use, for a command the warm server started."""
+
+    def __init__(self, conn: socket.socket, workdir: Path, args: list[str]) -> None:
+        self.args = args
+        self._conn, self._reader = conn, conn.makefile()
+        self._stdout_path, self._stderr_path = workdir / "stdout", workdir / "stderr"
+        self.pid = int(self._reader.readline())
+        self.returncode: int | None = None
+        self.stdout: IO[str] = open(self._stdout_path)  # noqa: SIM115 - read as the process writes
+        self.stderr: IO[str] = open(self._stderr_path)  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self.returncode = int(self._reader.readline())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = int(self._reader.readline())
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.wait()
+            raise
+        return self.stdout.read(), self.stderr.read()
+
+
+class WarmServer:
+    """One server per test process, started on first use and ended with the test process."""
+
+    def __init__(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="imgcls-warm-"))
+        self._socket = self._dir / "server.sock"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__)), str(self._socket)], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        if self._proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the warm server did not start (exit {self._proc.wait()})")
+        self._count = 0
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> WarmProcess:
+        self._count += 1
+        workdir = self._dir / f"cmd{self._count}"
+        workdir.mkdir()
+        for name in ("stdout", "stderr"):
+            (workdir / name).touch()
+        request = {"argv": argv, "env": env, "cwd": str(cwd),
+                   "stdout": str(workdir / "stdout"), "stderr": str(workdir / "stderr")}  # fmt: skip
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(self._socket))
+        conn.sendall((json.dumps(request) + "\n").encode())
+        return WarmProcess(conn, workdir, argv)
+
+    def close(self) -> None:
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+_server: WarmServer | None = None
+_server_lock = threading.Lock()
+
+
+def warm_server() -> WarmServer:
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = WarmServer()
+            atexit.register(_server.close)
+        return _server
+
+
+def start(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> WarmProcess:
+    """Start `python ARGV` (a script path, or -m MODULE, and its arguments) as a real process of the warm server."""
+    return warm_server().start(argv, {**os.environ, **(env or {})}, cwd)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 600) -> tuple:
+    """(exit code, stdout, stderr) of `python ARGV`, as subprocess.run gives them."""
+    proc = start(argv, env, cwd)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
