@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 from omegaconf import DictConfig, open_dict
 from PIL import Image
 
-import imgcls.config  # noqa: F401 - registers the config resolvers
+import imgcls.config  # registers the config resolvers
 from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +49,9 @@ if "torch" in sys.modules:  # imported by a plugin before this file: its thread 
 def _composed(overrides: tuple[str, ...], config_name: str) -> DictConfig:
     # Hydra spends ~0.25 s of CPU per composition; several test files compose the same configs (every
     # experiment: test_config_checks, test_plan_mode, test_configs, ...). Callers get a deep copy (~1/30 of that).
+    # imgcls.config.compose_config, not Hydra's compose(): task_name is derived from Hydra's own config.
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+        return imgcls.config.compose_config(config_name, list(overrides))
 
 
 def compose_config(overrides: list[str], config_name: str = "train", run_dir: Path | None = None) -> DictConfig:

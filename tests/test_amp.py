@@ -1,6 +1,6 @@
 """fp16 AMP with NVIDIA's dynamic loss scaling, run for real on the CPU (precision.cpu_fp16=true): the scaler's
 settings, a skipped step on overflow (counted, weights untouched, training goes on), and a stop only when
-overflows persist, with the unscaled loss (issue 10 item 4)."""
+overflows persist, with the unscaled loss."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""fp16 loss scaling without a host sync per step (issue 10's note: GradScaler read found_inf with .item() at every
-optimizer step). With fused SGD the scaler hands the flag to the kernel; on CPU the same path runs with
-precision.cpu_fp16=true, and every blocking call is counted as in test_host_sync."""
+"""fp16 loss scaling without a host sync per step (GradScaler.step reads found_inf with .item() at every
+optimizer step unless the optimizer is fused). With fused SGD the scaler hands the flag to the kernel; on CPU
+the same path runs with precision.cpu_fp16=true, and every blocking call is counted as in test_host_sync."""
 
 from __future__ import annotations
 

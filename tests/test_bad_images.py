@@ -164,7 +164,7 @@ def test_unknown_policy_is_a_config_error(dirty: Path, tmp_path: Path, capsys: p
     assert "data.on_bad_image=ignore is not allowed; use skip or error" in capsys.readouterr().err
 
 
-# --- mixup/cutmix with a skipped file (issue 10, item 2) --------------------------------------------------
+# --- mixup/cutmix with a skipped file (docs/reliability.md, "Bad images") ---------------------------------
 def one_bad_file(root: Path, kind: str) -> Path:
     """15 good train images and one bad file: 4 full batches of 4, one of which the bad file leaves at 3."""
     make_image_folder(root, classes=3, train_per_class=5, val_per_class=2)

@@ -1,5 +1,5 @@
 """compile=true: torch.compile (inductor runs on CPU) trains, keeps checkpoint keys `net.*`, and the training
-benchmark compiles the same way as training (ClassificationModule.compile_network) (issue 10 item 10)."""
+benchmark compiles the same way as training (ClassificationModule.compile_network)."""
 
 from __future__ import annotations
 

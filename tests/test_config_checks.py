@@ -1,5 +1,5 @@
 """Bad values, tried as a new user would: one line naming the key, the value and what is allowed; exit 2;
-no traceback; nothing trained (issue 10, "Bad values"). And the table behind it covers every key."""
+no traceback; nothing trained. And the table behind it (config_checks.py) covers every key."""
 
 from __future__ import annotations
 

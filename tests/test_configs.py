@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf, open_dict
 
 from imgcls.config import options
 from imgcls.plan import resolve_plan
@@ -223,6 +225,32 @@ def test_every_config_value_names_its_source() -> None:
             for line in path.read_text().splitlines():
                 if re.match(r"^\s*\w+:\s*(\{\s*half|-?\d[\d.]*(e-?\d+)?\s*(#|$))", line):
                     assert "#" in line, f"{path.name}: no source comment on {line.strip()!r}"
+
+
+def test_every_experiment_is_named_by_its_file() -> None:
+    """task_name (the run dir outputs/TASK_NAME/<time> and its TASK_NAME.log) is the experiment's file name,
+    which train.yaml derives from Hydra's choice of experiment; train without one."""
+    assert compose_config([]).task_name == "train"
+    for name in options("experiment"):
+        assert compose_config([f"experiment={name}"]).task_name == name
+
+
+@pytest.mark.parametrize("name", [None, "demo", "tf1_resnet50_dgx2v_amp_250e"])
+def test_hydra_run_names_its_dir_by_the_experiment(name: str | None) -> None:
+    """As a Hydra run resolves it (hydra.core.utils.run_job): the run dir from the config with its `hydra` node,
+    task_name in the task function's config (without that node) from the running app's HydraConfig."""
+    overrides = [f"experiment={name}"] if name else []
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    before = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert re.fullmatch(rf"outputs/{name or 'train'}/[\d_-]+", cfg.hydra.run.dir)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        assert cfg.task_name == (name or "train")
+    finally:
+        HydraConfig.instance().cfg = before
 
 
 def test_imagenet_root_comes_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

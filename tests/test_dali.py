@@ -399,7 +399,7 @@ def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     assert [r["train.lr"] for r in b] == pytest.approx([r["train.lr"] for r in a])
 
 
-# --- the torch resize in a background thread (issue 10 item 9) ------------------------------------------------
+# --- the torch resize in a background thread (data.dali_host_prefetch) ----------------------------------------
 
 
 def _counting_resize(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None) -> list[str]:

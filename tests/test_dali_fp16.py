@@ -1,4 +1,4 @@
-"""data.dali_fp16=true: half images from DALI are for autocast runs only (issue 10 item 5).
+"""data.dali_fp16=true: half images from DALI are for autocast runs only.
 
 fp32/tf32 runs fed Half batches into fp32 convolutions and died in a traceback; they are refused in one
 line. Under bf16 autocast the first conv casts the fp16 images to bf16 like fp32 ones, so bf16 keeps it.

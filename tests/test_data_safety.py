@@ -1,4 +1,4 @@
-"""imgcls never deletes, moves or overwrites a file it did not create (issue 10, item 0).
+"""imgcls never deletes, moves or overwrites a file it did not create.
 
 Each place that deletes or renames (the demo dataset, the JSON report writer, the run-dir write probe)
 is run next to, or at, a folder of the user's files that must come out byte-for-byte the same.

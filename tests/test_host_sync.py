@@ -1,4 +1,4 @@
-"""No host synchronisation per training step in the default path (issue 10 item 8).
+"""No host synchronisation per training step in the default path (docs/reliability.md, "Host syncs").
 
 A sync makes the CPU wait until the GPU has drained its queue, so the next step's kernels are launched late.
 On a CPU the same calls are visible: every call that would block on a GPU tensor is counted (patched to count,

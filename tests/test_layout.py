@@ -1,4 +1,4 @@
-"""The layout rules of issue 11: no import cycles (not even through function-level imports), and the README's
+"""The package layout rules: no import cycles (not even through function-level imports), and the README's
 layout section names every module that exists and no module that does not."""
 
 from __future__ import annotations

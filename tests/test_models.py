@@ -48,8 +48,8 @@ def test_parameter_count_matches_published(model: str, params: int) -> None:
 
 
 def test_se_resnext_se_width_16_is_nvidia_pytorch_network() -> None:
-    """NVIDIA's PyTorch SE-ResNeXt101-32x4d squeezes every block to 16 channels (issue 12: 45,251,128
-    parameters), applied to the output of bn3 before the residual add, as NVIDIA's Bottleneck does."""
+    """NVIDIA's PyTorch SE-ResNeXt101-32x4d squeezes every block to 16 channels (45,251,128 parameters, as
+    NVIDIA's network has), applied to the output of bn3 before the residual add, as NVIDIA's Bottleneck does."""
     net = build_network(compose_config(["model=se_resnext101_32x4d", "model.se_width=16"]).model, 1000)
     assert count_parameters(net) == 45_251_128
     block = net.layer3[22]

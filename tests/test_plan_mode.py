@@ -1,4 +1,4 @@
-"""`train.py mode=plan`: the resolved run of any experiment for any machine, without data or GPUs (issue 12 §2)."""
+"""`train.py mode=plan`: the resolved run of any experiment for any machine, without data or GPUs."""
 
 from __future__ import annotations
 

@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 from PIL import Image
 
-from imgcls.plot import CHARTS
+from imgcls.plot import CHARTS, draw_chart
 
 MATPLOTLIB_BLUE, MATPLOTLIB_ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # colours of runs 1 and 2
 
@@ -61,3 +62,27 @@ def test_a_dir_without_report_is_one_line_error(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"imgcls: error: {tmp_path} has no report.json (is it a run dir of train.py?)"
     ]
+
+
+def test_loss_axis_shows_the_epochs_after_a_huge_first_val_loss() -> None:
+    """The demo's first val loss (83) against later losses below 2: on the loss chart's log axis the later
+    points spread over the chart; on a linear axis they would share its bottom 2 %."""
+    losses = [(2.2, 83.0), (1.3, 1.9), (0.9, 1.1), (0.7, 0.8), (0.6, 0.7)]  # (train.loss, val.loss) per epoch
+    rows = [{"epoch": e, "train.loss": t, "val.loss": v} for e, (t, v) in enumerate(losses)]
+    fig = draw_chart("loss", [("demo", rows)])
+    try:
+        ax = fig.axes[0]
+        assert ax.get_yscale() == "log"
+        later = ax.transData.transform([(2, v) for pair in losses[1:] for v in pair])[:, 1]  # display pixels
+        assert (later.max() - later.min()) / ax.bbox.height > 0.15
+    finally:
+        plt.close(fig)
+
+
+def test_loss_axis_stays_linear_for_a_loss_a_log_axis_cannot_place() -> None:
+    rows = [{"epoch": 0, "train.loss": 0.0}, {"epoch": 1, "train.loss": 1.0}]
+    fig = draw_chart("loss", [("run", rows)])
+    try:
+        assert fig.axes[0].get_yscale() == "linear"
+    finally:
+        plt.close(fig)

@@ -1,4 +1,4 @@
-"""What a run tells its user (issue 11): every log line once (console and train.log), no advertisement, no
+"""What a run tells its user: every log line once (console and train.log), no advertisement, no
 warning caused by the EMA copy, one line per epoch whatever the progress bar, a closing summary whose commands
 work, and the charts in the run dir."""
 

@@ -1,4 +1,4 @@
-"""dali_cpu's startup: no file is opened before training (issue 10 item 3), and the startup benchmark
+"""dali_cpu's startup: no file is opened before training (docs/data-backends.md "Startup"), and the startup benchmark
 (`python -m imgcls.bench.startup`) builds its hard-linked tree only inside its own folder and measures
 real train.py starts, a first one and a resumed one."""
 

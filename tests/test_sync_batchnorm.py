@@ -1,4 +1,4 @@
-"""trainer.sync_batchnorm=true keeps EfficientNet's fused BN+SiLU (issue 10 item 1).
+"""trainer.sync_batchnorm=true keeps EfficientNet's fused BN+SiLU.
 
 The network is converted by the layer-sync plugin the run's Trainer carries (the one Lightning's DDP
 strategy applies before wrapping), on the real ClassificationModule with EMA, and compared with the

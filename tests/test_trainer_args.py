@@ -1,5 +1,5 @@
 """`trainer.X=...` for every lightning.Trainer argument (README: "any lightning.Trainer argument"); the ones
-imgcls sets from other keys, and names Lightning does not know, are refused in one line (issue 10 item 10)."""
+imgcls sets from other keys, and names Lightning does not know, are refused in one line."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from imgcls.errors import ConfigError
 
@@ -20,6 +21,18 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 def options(group: str) -> list[str]:
     """The choices of a config group (its YAML files; `_`-prefixed files are shared bases)."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def _choice(group: str, default: Any, *, _root_: DictConfig) -> Any:
+    """The option chosen for a config group (Hydra's hydra.runtime.choices), or default where none is.
+
+    Read from the config's own `hydra` node while it has one (composition, Hydra's run dir and log file),
+    else from the running Hydra app's (the task function's config, which Hydra gives without that node).
+    `${hydra:runtime.choices.X}` reads the app's only, which Hydra's compose API never sets: compose_config
+    fixes the value while the node is at hand."""
+    hydra_cfg = _root_.hydra if "hydra" in _root_ else HydraConfig.get()
+    choice = hydra_cfg.runtime.choices.get(group)
+    return default if choice is None else choice
 
 
 def register_resolvers() -> None:
@@ -32,18 +45,33 @@ def register_resolvers() -> None:
         # ${imgcls.product:a,b,c}: a x b x c, e.g. a TF experiment's global batch = per-GPU batch x GPUs x nodes
         # (TF1/TF2 have no accumulation and scale the LR by GPUs x batch themselves).
         OmegaConf.register_new_resolver("imgcls.product", lambda *values: math.prod(int(v) for v in values))
+    if not OmegaConf.has_resolver("imgcls.choice"):
+        # ${imgcls.choice:experiment,train}: the experiment's file name, or train without one (train.yaml task_name)
+        OmegaConf.register_new_resolver("imgcls.choice", _choice)
 
 
 register_resolvers()
 
 
+def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
+    """conf/CONFIG_NAME.yaml with these overrides, as a Hydra run of it would see it: Hydra's compose()
+    without its `hydra` node, task_name fixed from that node first (${imgcls.choice:...} needs it).
+    Composes with the running Hydra app's config dir, else with CONF_DIR."""
+    if not GlobalHydra.instance().is_initialized():
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose_config(config_name, overrides)
+    cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        if "task_name" in cfg:
+            cfg.task_name = cfg.task_name  # the resolved value replaces the interpolation
+        del cfg["hydra"]
+    return cfg
+
+
 def compose_train(overrides: list[str]) -> DictConfig:
     """The train config for these overrides: its model, data and precision groups give the defaults of
     what a weights-only file does not say. Works inside a running Hydra app and outside one (tests)."""
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="train", overrides=overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+    return compose_config("train", overrides)
 
 
 def required_ckpt(cfg: DictConfig, needed: bool = True) -> str | None:

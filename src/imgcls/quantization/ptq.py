@@ -42,7 +42,6 @@ METHODS = ("percentile", "minmax", "entropy")
 # outlier, so the int8 step is coarse for every other value). Percentile is also NVIDIA's calibration for its
 # QAT recipes (99.99 percentile histogram, pytorch-quantization); ORT's own default percentile is 99.999.
 ACTIVATIONS = ("int8", "uint8")
-ACTIVATIONS = ("int8", "uint8")
 
 
 # The calibration keys, with config_checks' rules (the one place that words what a value must be).

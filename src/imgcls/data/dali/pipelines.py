@@ -5,13 +5,13 @@ Differences from NVIDIA's PyTorch code, each on purpose:
   of the JPEG is decoded, as NVIDIA's TF1/TF2 DALI pipelines do) instead of full decode +
   `random_resized_crop`; on 2 CPU cores this is what puts the pipeline past a plain full decode.
 - the reader is the only part that depends on data.format (_read_shard): a folder's file reader, whose
-  "label" is the sample index that the loader maps to the class (backend.py), or DALI's TFRecord /
-  WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either way the
-  loader knows which samples each rank read.
+  "label" is the sample index that the loader maps to the class (file_list.FileList.labels), or DALI's
+  TFRecord / WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either
+  way the loader knows which samples each rank read.
 - val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
-- every encoded file passes `checked` (bad_images.scan_bytes) before the decoder: a bad file becomes a tiny
-  placeholder image flagged in the extra "bad" output, which the loader drops and reports (dali.py), so one
-  bad file among a million neither stops the pipeline nor needs a scan of every file before training.
+- every encoded file passes `check_encoded` (bad_images.scan_bytes) before the decoder: a bad file becomes a
+  tiny placeholder image flagged in the extra "bad" output, which the loader drops and reports (loader.py),
+  so one bad file among a million neither stops the pipeline nor needs a scan of every file before training.
 """
 
 from __future__ import annotations
