@@ -14,7 +14,8 @@ from PIL import Image
 
 from imgcls.cli import guarded
 from imgcls.data.backends import make_backend
-from imgcls.data.bad_images import BadImage, scan_file
+from imgcls.data.bad_images import BadImage
+from imgcls.data.image_scan import scan_file
 from imgcls.data.images import load_rgb
 from imgcls.train import run
 from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
@@ -82,7 +83,7 @@ def test_dali_prescan_flags_what_dali_cannot_decode(kinds: Path) -> None:
 
 def test_fast_jpeg_check_agrees_with_pil(kinds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """scan_bytes passes a plain JPEG without PIL; its verdicts must be those of the PIL path alone."""
-    from imgcls.data import bad_images as images
+    from imgcls.data import image_scan
 
     rgb = Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 48, 3), dtype=np.uint8))
     buffer = io.BytesIO()
@@ -94,12 +95,12 @@ def test_fast_jpeg_check_agrees_with_pil(kinds: Path, tmp_path: Path, monkeypatc
     (tmp_path / "progressive_exif.jpg").write_bytes(bytes(data))
     (tmp_path / "huge_header.jpg").write_bytes(bytes(huge))
     files = [*kinds.iterdir(), *tmp_path.iterdir()]
-    fast = {f.name for f in files if images._plain_jpeg(memoryview(f.read_bytes()))}
+    fast = {f.name for f in files if image_scan._plain_jpeg(memoryview(f.read_bytes()))}
     assert fast == {"cmyk.jpg", "gray.jpg", "huge.jpg", "progressive_exif.jpg"}
     verdicts = {f.name: scan_file(str(f)) for f in files}
-    monkeypatch.setattr(images, "_plain_jpeg", lambda data: False)
+    monkeypatch.setattr(image_scan, "_plain_jpeg", lambda data: False)
     assert verdicts == {f.name: scan_file(str(f)) for f in files}
-    assert verdicts["huge_header.jpg"] == f"larger than {images.MAX_PIXELS} pixels"
+    assert verdicts["huge_header.jpg"] == f"larger than {image_scan.MAX_PIXELS} pixels"
 
 
 def train_epoch_samples(cfg, caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:

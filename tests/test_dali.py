@@ -469,7 +469,9 @@ def test_background_resize_keeps_traces_early_stops_and_ends_its_thread(folder: 
         loader = make_backend(data_cfg(folder, *overrides)).loader("train", 4, 0, 1, seed=0)
         assert (loader._worker is not None) == bool(prefetch)
         iterator = iter(loader)
-        first = [next(iterator) for _ in range(2)]  # an early stop (limit_train_batches) after 2 batches
+        # An early stop (limit_train_batches) after 2 batches, kept (cloned: the ring of batch buffers rewrites
+        # a batch once the consumer has moved past it, loader.ring_slots) to compare after two more epochs.
+        first = [tuple(t.clone() for t in next(iterator)) for _ in range(2)]
         second = [y for _, y in loader]  # a new epoch while the first iterator is still alive
         del iterator
         third = [y for _, y in loader]
@@ -487,3 +489,74 @@ def test_background_resize_keeps_traces_early_stops_and_ends_its_thread(folder: 
     while any(t.name == "imgcls-dali-host" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(t.name == "imgcls-dali-host" for t in threading.enumerate())
+
+
+def _consume_holding_one(loader, wait: float, epochs: int = 2, stop_at_overwrite: bool = False) -> tuple[bool, set]:
+    """Iterate as Lightning does: the batch before stays in use while the next one is asked for. Whether a batch in
+    use was written again (within WAIT seconds of asking for the next one), and the buffers the batches used."""
+    import time
+
+    held = kept = None
+    overwritten, buffers = False, set()
+    for _ in range(epochs):
+        for x, _ in loader:
+            if held is not None:
+                deadline = time.monotonic() + wait  # time for the producer to run ahead as far as it may
+                while torch.equal(held, kept) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                overwritten |= not torch.equal(held, kept)
+                if overwritten and stop_at_overwrite:
+                    return overwritten, buffers
+            buffers.add(x.untyped_storage().data_ptr())
+            held, kept = x, x.clone()
+    return overwritten, buffers
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_host_resize_ring_keeps_the_batch_in_use_and_bounds_memory(folder: Path, prefetch: int) -> None:
+    """The torch resize writes into a ring of loader.ring_slots(prefetch) buffers: over two epochs (6 batches
+    each) the batch the consumer still uses while it asks for the next is never written again, and exactly that
+    many buffers are used. One slot fewer, and a batch in use is overwritten: the size is no larger than needed."""
+    from imgcls.data.dali.batch_ring import BatchRing
+    from imgcls.data.dali.loader import ring_slots
+
+    cfg = data_cfg(folder, "data.dali_train_resize=torch", f"data.dali_host_prefetch={prefetch}")
+    loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+    slots = ring_slots(prefetch)
+    assert loader.prefetch == prefetch and loader.host_resize.ring.slots == slots == prefetch + 2 + (prefetch > 0)
+    overwritten, buffers = _consume_holding_one(loader, wait=0.1)
+    assert not overwritten and len(buffers) == slots and loader.host_resize.ring.taken == 12
+
+    smaller = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+    smaller.host_resize.ring = BatchRing(slots - 1)  # past the check DaliLoader makes (test below)
+    overwritten, _ = _consume_holding_one(smaller, wait=10, stop_at_overwrite=True)
+    assert overwritten
+
+
+def test_loader_refuses_a_ring_too_small_for_its_queue() -> None:
+    from types import SimpleNamespace
+
+    from imgcls.data.dali.batch_ring import BatchRing
+    from imgcls.data.dali.loader import DaliLoader, ring_slots
+
+    for prefetch in (0, 1, 3):
+        resize = SimpleNamespace(ring=BatchRing(ring_slots(prefetch) - 1))
+        with pytest.raises(ValueError, match=f"needs {ring_slots(prefetch)}"):
+            DaliLoader(None, ["data"], range(8), 4, 0, 1, drop_last=True, host_resize=resize, prefetch=prefetch)
+
+
+def test_batch_ring_hands_out_its_slots_in_turn() -> None:
+    from imgcls.data.dali.batch_ring import BatchRing
+
+    ring = BatchRing(3)
+    first = [ring.take((4, 3, 8, 8), torch.float32) for _ in range(3)]
+    assert len({t.data_ptr() for t in first}) == 3
+    again = ring.take((4, 3, 8, 8), torch.float32)
+    assert again.data_ptr() == first[0].data_ptr() and again.shape == (4, 3, 8, 8)
+    short = ring.take((2, 3, 8, 8), torch.float32)  # a batch a bad file left short: the slot's first rows
+    assert short.data_ptr() == first[1].data_ptr() and short.shape == (2, 3, 8, 8)
+    resized = ring.take((4, 3, 16, 16), torch.float32)  # another image size: a new buffer for the slot
+    assert resized.shape == (4, 3, 16, 16) and ring.buffers[2].shape == (4, 3, 16, 16)
+    assert ring.take((4, 3, 8, 8), torch.float16).dtype == torch.float16
+    with pytest.raises(ValueError):
+        BatchRing(0)

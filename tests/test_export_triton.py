@@ -105,7 +105,7 @@ def test_triton_repository_parses_and_serves_jpegs_like_pytorch(
     assert (got.argmax(1) == expected.argmax(1)).all()
 
     # The cross-check can fail: a config that disagrees with the graph is refused in one line.
-    (model_dir / "config.pbtxt").write_text((model_dir / "config.pbtxt").read_text().replace("[ 3 ]", "[ 4 ]"))
+    (model_dir / "config.pbtxt").write_text((model_dir / "config.pbtxt").read_text().replace("dims: [3]", "dims: [4]"))
     with pytest.raises(ConfigError, match=r"logits: config.pbtxt TYPE_FP32 \[-1, 4\], model.onnx TYPE_FP32 \[-1, 3\]"):
         check_repository(model_dir)
 

@@ -20,14 +20,15 @@ pytest.importorskip("nvidia.dali")
 
 
 def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every structural check of a file, before training (bad_images.scan_file) or as DALI reads it."""
-    from imgcls.data import bad_images
-    from imgcls.data.dali import loader as dali
-    from imgcls.data.dali import pipelines as dali_pipelines
+    """Every structural check of a file (image_scan.scan_file / scan_bytes), wherever it is imported: before
+    training or as DALI reads it."""
+    from imgcls.data import image_scan
+    from imgcls.data.dali import file_list, pipelines, records
 
     calls: list[str] = []
     checks = (
-        (bad_images, "scan_file"), (bad_images, "scan_bytes"), (dali, "scan_file"), (dali_pipelines, "scan_bytes")
+        (image_scan, "scan_file"), (image_scan, "scan_bytes"), (file_list, "scan_file"), (pipelines, "scan_bytes"),
+        (records, "scan_bytes"),
     )  # fmt: skip
     for module, name in checks:
         real = getattr(module, name, None)
@@ -239,33 +240,45 @@ def test_file_list_keeps_its_names_compressed(tmp_path: Path) -> None:
 
 
 def test_host_resize_reuses_released_batches_and_leaves_malloc_alone(tmp_path: Path) -> None:
-    """dali_cpu writes each batch into a buffer it reuses once the batch is released (no fresh, page-faulting
-    memory per batch), never one still held, and no longer tunes glibc for the whole process: a block the
-    training step frees goes back to the system. Before, mallopt kept every freed block (90 MB more at the
-    first step's peak on the startup benchmark). In a subprocess: malloc settings are per process."""
+    """dali_cpu writes each batch into a ring of buffers (no fresh, page-faulting memory per batch) that the
+    loader's queue sizes: a batch is written again only after the consumer has moved past it
+    (loader.ring_slots), never while the consumer still uses it, and the memory is that ring's. And it no
+    longer tunes glibc for the whole process: a block the training step frees goes back to the system.
+    Before, mallopt kept every freed block (90 MB more at the first step's peak on the startup benchmark).
+    In a subprocess: malloc settings are per process."""
     import subprocess
     import sys
 
     root = make_image_folder(tmp_path / "data", classes=2, train_per_class=32, val_per_class=1, size=(96, 80))
     script = f"""
+import time
 import torch
 from imgcls.data.backends import make_backend
+from imgcls.data.dali.loader import ring_slots
 from tests.conftest import compose_config, tiny_overrides
 def rss():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
 cfg = compose_config(tiny_overrides({str(root)!r}, "data.backend=dali_cpu", "data.dali_train_resize=torch",
                                     "model.image_size=64")).data
 loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+ring = loader.host_resize.ring
+assert ring.slots == ring_slots(loader.prefetch) == 4, ring.slots
 batches = iter(loader)
 held, _ = next(batches)
 kept = held.clone()
-seen = set()
-for _ in range(12):
-    x, _ = next(batches)
+seen = {{held.data_ptr()}}
+for i in range(1, 13):
+    x, _ = next(batches)  # as Lightning asks for the next batch: the one before is still in use
+    deadline = time.monotonic() + 10
+    while ring.taken < i + 3 and time.monotonic() < deadline:  # the queue's batch, then the one after it
+        time.sleep(0.005)
+    time.sleep(0.05)  # that last one written in full
+    assert ring.taken == i + 3, ring.taken
+    assert torch.equal(held, kept), f"batch {{i - 1}}, still in use, was written again"
     seen.add(x.data_ptr())
+    held, kept = x, x.clone()
     del x
-assert torch.equal(held, kept), "a held batch was written again"
-assert held.data_ptr() not in seen and len(seen) <= 4, seen
+assert len(seen) == ring.slots, seen
 before = rss()
 block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MB, written: resident
 grown = rss() - before

@@ -121,7 +121,7 @@ class ClassificationModule(L.LightningModule):
         skipped bad file breaks. An odd batch drops its last sample rather than being refilled (the module
         does not own the loader) or skipped (a rank without a backward pass would stall DDP's all-reduce).
         One sample cannot be mixed: it trains on its smoothed label alone. Both are counted for report.json
-        (data/bad_images.py BadImageReport)."""
+        (callbacks/bad_image_report.py)."""
         if len(labels) == 1:
             self.mixup_unmixed_batches += 1
             mixup = self.mixup
@@ -133,7 +133,7 @@ class ClassificationModule(L.LightningModule):
         return images, labels, targets
 
     def mixup_counts(self) -> dict[str, int]:
-        """Samples _mix dropped and batches it left unmixed in this process (data/bad_images.BadImageReport)."""
+        """Samples _mix dropped and batches it left unmixed in this process (callbacks/bad_image_report.py)."""
         return {
             "mixup_dropped_samples": self.mixup_dropped_samples,
             "mixup_unmixed_batches": self.mixup_unmixed_batches,

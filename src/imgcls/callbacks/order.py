@@ -16,13 +16,13 @@ from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar, TQDMProg
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
+from imgcls.callbacks.bad_image_report import BadImageReport
 from imgcls.callbacks.epoch_log import EpochLog
 from imgcls.callbacks.finite_loss import FiniteLoss
 from imgcls.callbacks.preemption import Preemption
 from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.checkpoint import checkpoint_callbacks, last_path
-from imgcls.data.bad_images import BadImageReport
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
 from imgcls.seeding import RankSeed, RNGState

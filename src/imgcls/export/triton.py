@@ -145,46 +145,28 @@ def write_repository(trained: TrainedModel, opts: dict[str, Any], write_onnx: Ca
     }
 
 
-def config_text(name: str, platform: str, size: int, classes: int, max_batch: int, precision: str) -> str:
-    """Triton's config.pbtxt (protobuf text of inference.ModelConfig). Dims leave out the batch axis:
-    max_batch_size > 0 tells Triton the first axis of every tensor is the batch."""
-    text = f"""name: "{name}"
-platform: "{platform}"
-max_batch_size: {max_batch}
-input [
-  {{
-    name: "{INPUT}"
-    data_type: TYPE_FP32
-    format: FORMAT_NCHW
-    dims: [ 3, {size}, {size} ]
-  }}
-]
-output [
-  {{
-    name: "{OUTPUT}"
-    data_type: TYPE_FP32
-    dims: [ {classes} ]
-    label_filename: "labels.txt"
-  }}
-]
-dynamic_batching {{
-  max_queue_delay_microseconds: {QUEUE_DELAY_US}
-}}
-"""
+def model_config(name: str, platform: str, size: int, classes: int, max_batch: int, precision: str) -> Any:
+    """Triton's inference.ModelConfig of the model (tritonclient's protobuf message). Dims leave out the batch
+    axis: max_batch_size > 0 tells Triton the first axis of every tensor is the batch."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    config = pb.ModelConfig(name=name, platform=platform, max_batch_size=max_batch)
+    config.input.add(name=INPUT, data_type=pb.TYPE_FP32, format=pb.ModelInput.FORMAT_NCHW, dims=[3, size, size])
+    config.output.add(name=OUTPUT, data_type=pb.TYPE_FP32, dims=[classes], label_filename="labels.txt")
+    config.dynamic_batching.max_queue_delay_microseconds = QUEUE_DELAY_US
     if precision == "fp16" and platform == "onnxruntime_onnx":
         # onnxruntime's TensorRT execution provider builds fp16 kernels on the server's GPU; I/O stays fp32.
-        text += """optimization {
-  execution_accelerators {
-    gpu_execution_accelerator: [
-      {
-        name: "tensorrt"
-        parameters { key: "precision_mode" value: "FP16" }
-      }
-    ]
-  }
-}
-"""
-    return text
+        accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
+        accelerators.add(name="tensorrt").parameters["precision_mode"] = "FP16"
+    return config
+
+
+def config_text(name: str, platform: str, size: int, classes: int, max_batch: int, precision: str) -> str:
+    """config.pbtxt: model_config in protobuf text format, the form Triton reads."""
+    from google.protobuf import text_format
+
+    config = model_config(name, platform, size, classes, max_batch, precision)
+    return text_format.MessageToString(config, use_short_repeated_primitives=True)
 
 
 def trtexec_command(version_dir: Path, size: int, max_batch: int, precision: str) -> str:

@@ -36,9 +36,10 @@ import torch
 
 from imgcls.data.augment import parse_randaugment
 from imgcls.data.bad_images import BadImageLog
+from imgcls.data.dali.batch_ring import BatchRing
 from imgcls.data.dali.file_list import FileList
 from imgcls.data.dali.host_resize import HostResize, resize_on_host
-from imgcls.data.dali.loader import Catalog, DaliLoader
+from imgcls.data.dali.loader import Catalog, DaliLoader, ring_slots
 from imgcls.data.dali.pipelines import FolderSource, ShardSource, interp_type, train_pipeline, val_pipeline
 from imgcls.data.dali.records import ShardCatalog, shuffle_fill
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
@@ -199,9 +200,7 @@ class DaliBackend:
                 fp16=common["fp16"],
                 pin_memory=bool(cfg.get("pin_memory")),
                 threads=cfg.get("dali_resize_threads") or 1,
-                # In flight at most: the step's batch, Lightning's next one (also still referenced by the
-                # loader's generator), the queue's, the one being made, and one spare.
-                buffers=self.host_prefetch + 4,
+                ring=BatchRing(ring_slots(self.host_prefetch)),  # as many as the loader's queue keeps alive
             )
         if training:
             randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from imgcls.data.bad_images import BadSample, scan_file
+from imgcls.data.bad_images import BadSample
+from imgcls.data.image_scan import scan_file
 from imgcls.errors import DataError
 
 BLOCK = 4096  # names per compressed block: a path lookup decompresses one block (about 130 KB, 0.1 ms)

@@ -10,11 +10,8 @@ shard and last-batch logic.
 The loader (loader.DaliLoader) calls HostResize in a background thread that makes batch N+1 while the
 training step runs on batch N (`data.dali_host_prefetch`, default 1; 0 resizes inside the step).
 
-Batches are written into buffers that HostResize reuses once nothing else holds them (BatchBuffers): a new
-38.5 MB batch (64x3x224x224 floats) was a fresh mmap from glibc that page-faulted in, 0.3 ms an image. This
-replaces the process-wide glibc tuning used before (mallopt: keep every freed block), which also kept the
-training step's freed activations: 90 MB more at the first step's peak on the startup benchmark
-(docs/data-backends.md "Startup").
+Batches are written into the loader's ring of batch buffers (batch_ring.py), not into fresh memory each time;
+the loader's queue defines how long a batch stays intact (loader.ring_slots).
 
 `data.dali_train_resize` chooses: `auto`, `torch`, or `dali` (NVIDIA's pipeline). `auto` is torch on
 dali_cpu for train sizes of at least 128 px (every ImageNet recipe), unless a DALI AutoAugment/RandAugment
@@ -31,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
+from imgcls.data.dali.batch_ring import BatchRing
 from imgcls.errors import ConfigError
 
 TORCH_MODES = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}
@@ -58,38 +56,6 @@ def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: s
     return not augment and interpolation in TORCH_MODES and size >= AUTO_MIN_SIZE
 
 
-def _storage_users(tensor: torch.Tensor) -> int:
-    """How many tensors share TENSOR's memory (views and aliases each count; autograd's saved tensors too)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
-
-
-class BatchBuffers:
-    """Up to `count` batch buffers, each reused once no tensor other than the buffer holds its memory.
-
-    A batch is handed out as a view of its buffer, so whatever keeps it (the training step, Lightning's
-    prefetch, the loader's queue, autograd's saved input until the backward) keeps the buffer's storage
-    count above the buffer's own, and the buffer is not written again until all of those are gone. When every
-    buffer is in use the batch gets new memory, kept as a buffer only while fewer than `count` exist."""
-
-    def __init__(self, count: int) -> None:
-        self.count = max(0, int(count))
-        self.buffers: list[torch.Tensor] = []
-        # Without torch's storage use count (a private API) nothing can tell a free buffer: no reuse.
-        self._own = _storage_users(torch.empty(1)) if hasattr(torch._C, "_storage_Use_Count") else None
-
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        if self._own is not None:
-            for buffer in self.buffers:
-                if buffer.dtype == dtype and buffer.shape[1:] == shape[1:] and len(buffer) >= shape[0]:
-                    if _storage_users(buffer) <= self._own:
-                        return buffer[: shape[0]]  # a view: the caller's reference counts
-        batch = torch.empty(shape, dtype=dtype)
-        if self._own is None or len(self.buffers) >= self.count:
-            return batch
-        self.buffers.append(batch)
-        return batch[:]
-
-
 class HostResize:
     """Variable-size uint8 HWC crops -> one normalized (N, 3, size, size) batch."""
 
@@ -103,7 +69,7 @@ class HostResize:
         fp16: bool = False,
         pin_memory: bool = False,
         threads: int = 1,
-        buffers: int = 4,
+        ring: BatchRing | None = None,
     ) -> None:
         self.size = int(size)
         # torch releases the GIL in its kernels, so threads resize in parallel. One thread would cap a process's
@@ -117,19 +83,20 @@ class HostResize:
         # x * (1/std) + (-mean/std): one multiply-add per value, in 0-255 units like CMN.
         self.scale = (1.0 / (torch.tensor(std) * 255)).view(3, 1, 1).to(self.dtype)
         self.shift = (-torch.tensor(mean) / torch.tensor(std)).view(3, 1, 1).to(self.dtype)
-        # Pinned batches come from CUDA's caching host allocator, which also reuses them safely.
+        # Pinned batches come from CUDA's caching host allocator, which also reuses them safely (it waits for
+        # the copies to the GPU): no ring. Without a ring, every batch is new memory.
         self.pin_memory = pin_memory and torch.cuda.is_available()
-        self.buffers = BatchBuffers(0 if self.pin_memory else buffers)
+        self.ring = None if self.pin_memory else ring
 
     def __call__(self, crops: Sequence[torch.Tensor], mirror: torch.Tensor) -> torch.Tensor:
         """Always NCHW, also for channels_last models: torch's resize writes NCHW, a 3-channel transpose on the
         host is not free, and the module converts on the device (free on a GPU)."""
         size = self.size
         shape = (len(crops), 3, size, size)
-        if self.pin_memory:
-            batch = torch.empty(shape, dtype=self.dtype, pin_memory=True)
+        if self.ring is not None:
+            batch = self.ring.take(shape, self.dtype)
         else:
-            batch = self.buffers.take(shape, self.dtype)
+            batch = torch.empty(shape, dtype=self.dtype, pin_memory=self.pin_memory)
         flips = mirror.reshape(-1).tolist()
         if self.pool is None:
             self._fill(batch, crops, flips, range(len(crops)))

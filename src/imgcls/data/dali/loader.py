@@ -1,5 +1,6 @@
 """DaliLoader: one rank's epochs of DALI batches behind the loader interface Lightning expects (why it is
-hand-written: backend.py), with dali_cpu's torch resize made in a background thread."""
+hand-written: backend.py), with dali_cpu's torch resize made ahead in a background thread (thread_executor.py)
+into a ring of batch buffers whose size the loader's queue defines (ring_slots)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import math
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, 
 from imgcls.data.bad_images import BadImageLog, BadSample
 from imgcls.data.dali.host_resize import HostResize
 from imgcls.data.dali.pipelines import READER
+from imgcls.data.dali.thread_executor import OneThreadExecutor
 from imgcls.errors import DataError
 
 
@@ -57,57 +58,40 @@ class _Batch:
     result: tuple[torch.Tensor, ...] | None  # what the loader yields; None: nothing (all bad, or empty)
 
 
-class _Worker:
-    """The one thread that makes every call into a DALI iterator fed to HostResize (construction, batches,
-    resets), so the iterator never changes threads; each call is a task, run in order.
+# How long a batch of the torch resize stays intact: the invariant behind HostResize's ring of batch buffers
+# (batch_ring.py), which writes the k-th batch into slot k % slots whoever still holds the batch written there
+# `slots` batches before.
+# - The consumer, when it asks for the next batch, still uses at most CONSUMER_HOLDS earlier ones. Lightning's fit
+#   loop asks for batch N+1 after training step N, or, when it prefetches (only for an unsized loader; this one
+#   is sized), before step N while holding batch N; either way it is done with batch N-1 (its backward has run,
+#   its copy to a GPU has read the host memory). The generator's own reference is to that same last batch.
+# - prefetch > 0: the producer writes batch b only after the queue (maxsize prefetch) took batch b-1, so after
+#   the consumer took batch b-1-prefetch. Alive then: b (being written), at most `prefetch` in the queue, the
+#   one the consumer took last, and the CONSUMER_HOLDS before it: prefetch + 2 + CONSUMER_HOLDS.
+# - prefetch = 0: batch b is written in the consumer's own call for it. Alive: b and the CONSUMER_HOLDS before it.
+# A batch left empty (all its files bad) takes no slot and is not yielded: it can only shorten this.
+# A consumer that keeps batches longer (a list of an epoch's batches) must clone them.
+CONSUMER_HOLDS = 1
 
-    A daemon thread: a loader that is never closed (an abandoned iterator blocked on its queue) must not
-    keep the process from exiting. The thread holds no reference to the loader between tasks, so a
-    dropped loader is collected and its finalizer ends the thread."""
 
-    def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        self.thread = threading.Thread(
-            target=_Worker._run, args=(self._tasks, self.device), name="imgcls-dali-host", daemon=True
-        )
-        self.thread.start()
-
-    @staticmethod
-    def _run(tasks: queue.SimpleQueue, device: int | None) -> None:
-        if device is not None:  # pinned batches and the caching host allocator follow the rank's device
-            torch.cuda.set_device(device)
-        while (task := tasks.get()) is not None:
-            call, future = task
-            del task  # no reference to the loader while waiting for the next task
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
-                    future.set_exception(exc)
-            del call, future
-
-    def submit(self, call: Callable[[], Any]) -> Future:
-        future: Future = Future()
-        self._tasks.put((call, future))
-        return future
-
-    def call(self, call: Callable[[], Any]) -> Any:
-        return self.submit(call).result()
-
-    def close(self) -> None:
-        self._tasks.put(None)
+def ring_slots(prefetch: int) -> int:
+    """The batch buffers a loader with `prefetch` queued batches needs, so that no batch still alive is
+    overwritten (see above)."""
+    return CONSUMER_HOLDS + 1 + (prefetch + 1 if prefetch > 0 else 0)
 
 
 class DaliLoader:
     """One rank's epochs of (images, labels); train drops the last partial batch, val keeps it.
 
     With HostResize (dali_cpu's torch resize), batch N+1 is read from DALI and resized in a background
-    thread (_Worker) while the consumer trains on batch N: the resize runs on the host, so without this a
+    thread (OneThreadExecutor) while the consumer trains on batch N: the resize runs on the host, so without this a
     GPU would wait for it at every step. `prefetch` batches (default 1) wait in a bounded queue, plus the one
     being made. Errors reach the consumer at the batch where they happened; the policy for bad files, the
     trace and the epoch bookkeeping stay in the consumer, in order, so they are the same as without the
-    thread (prefetch=0: everything in the consumer's thread, as dali's own resize does)."""
+    thread (prefetch=0: everything in the consumer's thread, as dali's own resize does).
+
+    A batch of the torch resize is written into HostResize's ring of buffers: it stays intact while the consumer
+    asks for CONSUMER_HOLDS more batches, not longer (ring_slots); DALI's own outputs are not reused."""
 
     def __init__(
         self,
@@ -150,7 +134,13 @@ class DaliLoader:
         # records moved on to the epoch after, and so on. PARTIAL iterates the reader's whole epoch.
         policy = LastBatchPolicy.PARTIAL
         self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
-        self._worker = _Worker() if self.prefetch else None
+        ring = getattr(host_resize, "ring", None)
+        if ring is not None and ring.slots < ring_slots(self.prefetch):
+            raise ValueError(
+                f"a ring of {ring.slots} batch buffers would overwrite batches still in use with prefetch="
+                f"{self.prefetch}; it needs {ring_slots(self.prefetch)} (loader.ring_slots)"
+            )
+        self._worker = OneThreadExecutor("imgcls-dali-host") if self.prefetch else None
         if self._worker is not None:
             weakref.finalize(self, self._worker.close)
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
@@ -266,7 +256,7 @@ class DaliLoader:
         except BaseException as exc:  # noqa: BLE001 - raised again in the consumer
             put(("error", exc))
 
-    def _background_epoch(self, worker: _Worker) -> Iterator[_Batch]:
+    def _background_epoch(self, worker: OneThreadExecutor) -> Iterator[_Batch]:
         """This epoch's batches, made by the worker up to `prefetch` + 1 ahead of the consumer."""
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = self._stop = threading.Event()

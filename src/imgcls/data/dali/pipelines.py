@@ -9,7 +9,7 @@ Differences from NVIDIA's PyTorch code, each on purpose:
   TFRecord / WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either
   way the loader knows which samples each rank read.
 - val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
-- every encoded file passes `check_encoded` (bad_images.scan_bytes) before the decoder: a bad file becomes a
+- every encoded file passes `check_encoded` (image_scan.scan_bytes) before the decoder: a bad file becomes a
   tiny placeholder image flagged in the extra "bad" output, which the loader drops and reports (loader.py),
   so one bad file among a million neither stops the pipeline nor needs a scan of every file before training.
 """
@@ -27,8 +27,8 @@ import nvidia.dali.tfrecord as tfrec
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.auto_aug import auto_augment, rand_augment
 
-from imgcls.data.bad_images import scan_bytes
 from imgcls.data.dali import records
+from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards.tfrecord import IMAGE_KEY, LABEL_KEY
 from imgcls.data.shards.webdataset import IMAGE_EXTENSIONS, LABEL_EXTENSION
 from imgcls.errors import ConfigError
@@ -82,10 +82,10 @@ _GOOD, _BAD = np.zeros(1, np.uint8), np.ones(1, np.uint8)
 
 
 def check_encoded(batch: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(files, bad flags): each bad file (bad_images.scan_bytes) replaced by PLACEHOLDER and flagged 1.
+    """(files, bad flags): each bad file (image_scan.scan_bytes) replaced by PLACEHOLDER and flagged 1.
 
     Module level, as fn.python_function requires under conditionals. Called once per batch; a plain JPEG
-    costs microseconds (bad_images.scan_bytes), against milliseconds for its decode.
+    costs microseconds (image_scan.scan_bytes), against milliseconds for its decode.
     """
     files, flags = [], []
     for data in batch:

@@ -22,7 +22,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from imgcls.data.bad_images import BadSample, scan_bytes
+from imgcls.data.bad_images import BadSample
+from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards import tfrecord, webdataset
 from imgcls.data.shards.manifest import ShardSet
 from imgcls.errors import DataError
@@ -119,7 +120,7 @@ class ShardCatalog:
         return bad
 
     def _reread(self, path: str, offset: int) -> tuple[str | None, str | None]:
-        """(record name, bad_images.scan_bytes reason) of the record at `offset` (DALI's source_info)."""
+        """(record name, image_scan.scan_bytes reason) of the record at `offset` (DALI's source_info)."""
         try:
             with open(path, "rb") as f:
                 if self.shards.format == "tfrecord":  # offset: the record's length field
