@@ -50,6 +50,13 @@ def make_sources(folder: Path) -> dict[str, Path]:
     return paths
 
 
+def filled(tmp_path: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
+    """TMP/cache as runs leave it, the sources it holds copies of, and each writer's file by name."""
+    root = tmp_path / "cache"
+    sources = make_sources(tmp_path / "src")
+    return root, sources, fill(root, sources)
+
+
 def fill(root: Path, sources: dict[str, Path]) -> dict[str, Path]:
     """The cache as runs leave it: each writer's file, by name."""
     copies = {n: Path(remote.local_copy(f"pipe:cat {sources[n]}", str(root))) for n in ("a.tar", "b.tar")}
@@ -98,9 +105,7 @@ def set_last_use(path: Path, days_ago: float, now: float) -> None:
 def test_the_writers_use_the_layout_and_list_counts_each_kind(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = tmp_path / "cache"
-    sources = make_sources(tmp_path / "src")
-    made = fill(root, sources)
+    root, sources, made = filled(tmp_path)
     foreign = add_foreign(root, tmp_path / "outside.tar")
 
     relative = {k: p.relative_to(root).parts for k, p in made.items()}
@@ -126,9 +131,7 @@ def test_the_writers_use_the_layout_and_list_counts_each_kind(
 def test_prune_removes_the_least_recently_used_first_and_nothing_else(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = tmp_path / "cache"
-    sources = make_sources(tmp_path / "src")
-    made = fill(root, sources)
+    root, sources, made = filled(tmp_path)
     outside = tmp_path / "outside.tar"
     foreign = add_foreign(root, outside)
     now = time.time()
@@ -164,8 +167,7 @@ def test_prune_removes_the_least_recently_used_first_and_nothing_else(
 
 
 def test_prune_older_than_days(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "cache"
-    made = fill(root, make_sources(tmp_path / "src"))
+    root, _, made = filled(tmp_path)
     now = time.time()
     for name, days in (("a.tar", 45), ("b.tar", 5), ("index", 31), ("count_train", 29.5), ("count_val", 1)):
         set_last_use(made[name], days, now)
@@ -180,8 +182,7 @@ def test_prune_older_than_days(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_files_being_written_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A download under way (its lock held, or its .part recent) and a recent .tmp are never deleted; what a
     killed process left (old, unlocked) is; a copy locked for a new download is kept and reported."""
-    root = tmp_path / "cache"
-    made = fill(root, make_sources(tmp_path / "src"))
+    root, _, made = filled(tmp_path)
     folder = made["a.tar"].parent
     old = time.time() - 2 * cache.TEMP_GRACE_S
     young_part = folder / ".x.tar.abcd1234.part"
@@ -233,8 +234,7 @@ def test_prune_needs_imgcls_tag(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_mistakes_are_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = tmp_path / "cache"
-    fill(root, make_sources(tmp_path / "src"))
+    root, _, _ = filled(tmp_path)
     before = sorted(str(p) for p in root.rglob("*"))
     missing = tmp_path / "nope"
     monkeypatch.setenv("IMGCLS_CACHE", str(tmp_path / "nowhere"))
