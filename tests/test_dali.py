@@ -1,5 +1,5 @@
 """The dali_cpu / dali_gpu backends with real DALI on CPU (device_id=None): labels, parity with
-torchvision, crop ranges, exact sharding, Lightning runs (one process and 2-process DDP)."""
+torchvision, crop ranges, exact per-rank parts, Lightning runs (one process and 2-process DDP)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="dali_gpu 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # 24 train images (divisible by 2 ranks x batch 4: the train shards cover everything),
-    # 21 val images (odd: uneven val shards, where padding would show).
+    # 24 train images (divisible by 2 ranks x batch 4: the ranks' train parts cover everything),
+    # 21 val images (odd: uneven val parts, where padding would show).
     root = make_image_folder(tmp_path_factory.mktemp("dali"), classes=3, train_per_class=8, val_per_class=7)
     return root
 
@@ -196,7 +196,7 @@ def test_host_resize_choice() -> None:
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_val_shards_cover_every_image_once(folder: Path, world: int) -> None:
+def test_val_parts_cover_every_image_once(folder: Path, world: int) -> None:
     backend = make_backend(data_cfg(folder, "data.trace_dir=null"))
     reference = ImageFolder(str(folder / "val")).targets
     for _ in range(2):  # two epochs: the second must be exact too
@@ -211,23 +211,23 @@ def test_val_shards_cover_every_image_once(folder: Path, world: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_val_pipeline_gets_only_its_shards_files(
+def test_val_pipeline_gets_only_its_parts_files(
     folder: Path, tmp_path: Path, world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DALI keeps a copy of every name it is given (docs/data-backends.md "Startup"): val hands each rank
-    only its shard's lines, and each epoch reads that shard once, as when it got the whole list."""
+    only its part's lines, and each epoch reads that part once, as when it got the whole list."""
     given: dict[int, list[bytes]] = {}
     write_list = FileList.write_list
 
-    def record(self: FileList, path: str, *shard: int | None, **order: object) -> None:
-        write_list(self, path, *shard, **order)
+    def record(self: FileList, path: str, *part: int | None, **order: object) -> None:
+        write_list(self, path, *part, **order)
         given[len(given)] = Path(path).read_bytes().splitlines()
 
     monkeypatch.setattr(FileList, "write_list", record)
     backend = make_backend(data_cfg(folder, f"data.trace_dir={tmp_path}"))
     for rank in range(world):
         loader = backend.loader("val", 4, rank, world, seed=0)
-        for _ in range(2):  # the second epoch reads the same shard
+        for _ in range(2):  # the second epoch reads the same part
             list(loader)
     for rank in range(world):
         begin, end = rank * 21 // world, (rank + 1) * 21 // world
@@ -236,15 +236,15 @@ def test_val_pipeline_gets_only_its_shards_files(
         assert [line.rsplit(b" ", 1)[0].decode() for line in lines] == [
             backend.files("val").relative(i) for i in range(begin, end)
         ]
-        for e in range(2):  # each epoch: the shard, once (DALI starts epoch 1 where its read-ahead left off)
+        for e in range(2):  # each epoch: the part, once (DALI starts epoch 1 where its read-ahead left off)
             read = sorted(map(int, (tmp_path / f"val_rank{rank}_epoch{e}.txt").read_text().split()))
             assert read == list(range(begin, end))
     given.clear()
     backend.loader("train", 4, 1, world, seed=0)
-    assert len(given[0]) == 24  # train: the whole list (DALI shuffles it before taking the shard)
+    assert len(given[0]) == 24  # train: the whole list (DALI shuffles it before taking the rank's part)
 
 
-def test_train_shards_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path) -> None:
+def test_train_parts_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path) -> None:
     backend = make_backend(data_cfg(folder, f"data.trace_dir={tmp_path}"))
     loaders = [backend.loader("train", 4, rank, 2, seed=0) for rank in range(2)]
     assert len(loaders[0]) == len(loaders[1]) == 3  # 24 images / 2 ranks / batch 4
@@ -253,8 +253,8 @@ def test_train_shards_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path
             batches = list(loader)
             assert len(batches) == 3 and all(x.shape == (4, 3, 32, 32) for x, _ in batches)
     for e in range(2):
-        shards = [set(map(int, (tmp_path / f"train_rank{r}_epoch{e}.txt").read_text().split())) for r in range(2)]
-        assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 24
+        parts = [set(map(int, (tmp_path / f"train_rank{r}_epoch{e}.txt").read_text().split())) for r in range(2)]
+        assert not parts[0] & parts[1] and len(parts[0] | parts[1]) == 24
 
 
 def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> None:
@@ -331,17 +331,17 @@ def ddp_run(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_ddp_ranks_read_distinct_shards(ddp_run: Path) -> None:
+def test_ddp_ranks_read_distinct_parts(ddp_run: Path) -> None:
     trace = ddp_run / "trace"
     train = [set(map(int, (trace / f"train_rank{r}_epoch0.txt").read_text().split())) for r in range(2)]
     assert len(train[0]) == len(train[1]) == 12 and not train[0] & train[1] and train[0] | train[1] == set(range(24))
     val = [(trace / f"val_rank{r}_epoch0.txt").read_text().split() for r in range(2)]
-    assert sorted(map(int, val[0] + val[1])) == list(range(21))  # uneven shards 10 + 11, no padding
+    assert sorted(map(int, val[0] + val[1])) == list(range(21))  # uneven parts 10 + 11, no padding
     assert read_report(ddp_run)["epochs"][0]["step"] == 3  # 12 images a rank / batch 4
 
 
 def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) -> None:
-    """The 2-process run validated its final weights on uneven shards (10 + 11 images); evaluating the
+    """The 2-process run validated its final weights on uneven parts (10 + 11 images); evaluating the
     same weights (last.ckpt, saved after that validation) in one process must give the same numbers."""
     two = read_report(ddp_run)["epochs"][-1]
     out = tmp_path / "eval.json"
@@ -359,7 +359,7 @@ def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) 
 def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     """DALI's loader keeps no position (docs/reliability.md): a run stopped mid-epoch (SIGTERM saves
     last.ckpt at the next optimizer step) resumes at the saved step and finishes that epoch with the
-    remaining number of batches, drawn from a fresh pass over the rank's shard. Step counts, the LR
+    remaining number of batches, drawn from a fresh pass over the rank's part. Step counts, the LR
     schedule and the later epochs are the same as in an uninterrupted run."""
     import os
     import signal

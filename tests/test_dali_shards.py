@@ -31,8 +31,8 @@ def _val_labels(folder: Path) -> list[int]:
 
 
 def make_shards(folder: Path, out: Path, fmt: str) -> Path:
-    """FOLDER converted by `python -m imgcls.data.shard` (in-process): train shuffled, val in order; TFRecords
-    with TF1's 1-based labels and index files in OUT/dali_idx, WebDataset with 0-based labels."""
+    """FOLDER converted as by `python -m imgcls.data.shards convert` (in-process): train shuffled, val in order;
+    TFRecords with TF1's 1-based labels and index files in OUT/dali_idx, WebDataset with 0-based labels."""
     convert(folder, out, fmt, SHARD_SIZE, seed=0, progress=False)
     return out
 
@@ -219,8 +219,9 @@ def test_s3_shards_are_read_from_the_local_cache(
     reference = by_content(*epoch(backend_for(folder, tmp_path).loader("val", 4, 0, 1, seed=0)))
     images, labels = by_content(*epoch(backend.loader("val", 4, 0, 1, seed=0)))
     assert labels.tolist() == reference[1].tolist() and torch.allclose(images, reference[0])
-    # DALI read local copies: the shards under data.shard_cache/s3/<bucket>/..., their index files made there.
-    copies = sorted(p.name for p in (cache / "s3" / "imgcls-dali" / "tf").iterdir() if not p.name.startswith("."))
+    # DALI read local copies: the shards under data.shard_cache/remote/s3/<bucket>/..., their index files made there.
+    copied = cache / "remote" / "s3" / "imgcls-dali" / "tf"
+    copies = sorted(p.name for p in copied.iterdir() if not p.name.startswith("."))
     assert copies == ["validation-00000-of-00002", "validation-00001-of-00002"]
     assert len(list((cache / "dali_idx").rglob("validation-*.idx"))) == 2
 

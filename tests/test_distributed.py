@@ -2,7 +2,7 @@
 machine, one shared run dir written by rank 0 only, DDP equivalent to one process, exact validation,
 per-rank seeds and bitwise-reproducible CPU runs.
 
-The 2-process dali_cpu run (distinct shards, unpadded validation equal to one process) is in
+The 2-process dali_cpu run (distinct parts per rank, unpadded validation equal to one process) is in
 tests/test_dali.py (ddp_run); it is not repeated here.
 """
 
@@ -29,7 +29,7 @@ TIMEOUT = 900  # generous: the machine's cores are shared with other test runs
 # 16 with accumulation 2 in both runs: 1 process x 8 per device, or 2 processes x 4 per device. Each
 # epoch is one optimizer step (limit_train_batches = 2 micro-batches), so report.json's per-epoch
 # train.loss, which ReportCallback averages over all ranks, is the per-step loss curve of the global
-# batch. (RUN_DIR/csv/metrics.csv holds rank 0's shard loss per step, which differs by construction.)
+# batch. (RUN_DIR/csv/metrics.csv holds rank 0's loss on its part per step, which differs by construction.)
 # Normalization: BatchNorm's batch statistics depend on the per-device batch, and torch's SyncBatchNorm
 # (trainer.sync_batchnorm=true) is CUDA-only, so these CPU runs use timm's convnext_atto, whose LayerNorm
 # normalizes each sample on its own. The BN models' 2-process path is covered by tests/test_dali.py.
@@ -52,7 +52,7 @@ TWO_PROCESSES = ("data.batch_size=4", "trainer.accelerator=cpu")
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # 7 val images per class: 21 in all, uneven shards (11 + 10) for the exact-validation check.
+    # 7 val images per class: 21 in all, uneven parts (11 + 10) for the exact-validation check.
     return make_image_folder(tmp_path_factory.mktemp("img"), classes=3, train_per_class=16, val_per_class=7)
 
 
@@ -161,7 +161,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_same_training(two: Path, one: Path) -> None:
-    # float32 sums in a different order (gloo all-reduce of shard gradients vs one batch): ~1e-6 apart.
+    # float32 sums in a different order (gloo all-reduce of the ranks' gradients vs one batch): ~1e-6 apart.
     assert len(losses(two)) == EPOCHS
     assert losses(two) == pytest.approx(losses(one), rel=1e-4, abs=1e-5)
     assert [r["step"] for r in read_report(two)["epochs"]] == list(range(1, EPOCHS + 1))  # accumulation 2
@@ -173,7 +173,7 @@ def assert_same_training(two: Path, one: Path) -> None:
 
 def test_lightning_ddp_equals_one_process(lightning_ddp: tuple[Path, str], reference: Path) -> None:
     """2 processes x 4 per device trace the same loss curve and end at the same weights as
-    1 process x 8: sharding, gradient averaging and accumulation agree."""
+    1 process x 8: the ranks' parts, gradient averaging and accumulation agree."""
     assert_same_training(lightning_ddp[0], reference)
     # The losses really moved (the comparison would be vacuous on a constant curve).
     assert max(losses(reference)) - min(losses(reference)) > 1e-3
@@ -200,7 +200,7 @@ def test_seed_differs_per_global_rank(torchrun_two_nodes: tuple[Path, list[str]]
 
 
 def test_validation_exact_across_process_counts(lightning_ddp: tuple[Path, str], folder: Path, tmp_path: Path) -> None:
-    """The 2-process run validated its last weights on unpadded shards of 11 + 10 images; one process
+    """The 2-process run validated its last weights on unpadded parts of 11 + 10 images; one process
     evaluating the same checkpoint must get identical numbers (padding would count 1 image twice)."""
     from imgcls.evaluate import run as evaluate
 

@@ -17,7 +17,7 @@ import torch
 
 from imgcls.checkpoint import AtomicCheckpointIO
 from imgcls.cli import guarded
-from imgcls.data.samplers import ResumableDataLoader, ShardSampler
+from imgcls.data.samplers import RankSampler, ResumableDataLoader
 from imgcls.errors import StorageError
 from imgcls.train import run
 from tests.conftest import ROOT, compose_config, make_image_folder, run_cli, tiny_overrides
@@ -80,7 +80,7 @@ def test_unwritable_run_dir(data: Path, tmp_path: Path, capsys: pytest.CaptureFi
 
 # --- mid-epoch position -----------------------------------------------------------------------------------
 def _loader(n: int = 40, batch: int = 4, world: int = 1, rank: int = 0) -> ResumableDataLoader:
-    sampler = ShardSampler(n, rank, world, shuffle=True, seed=7, drop_last=True)
+    sampler = RankSampler(n, rank, world, shuffle=True, seed=7, drop_last=True)
     def collate(samples: list) -> tuple:
         return torch.tensor([x for x, _ in samples]), torch.tensor([y for _, y in samples]), []
 
@@ -247,7 +247,7 @@ def test_ddp_rank_that_fails_does_not_hang_the_other(data: Path, tmp_path: Path)
     root = tmp_path / "data"
     make_image_folder(root, classes=3, train_per_class=8, val_per_class=2)
     files = sorted(str(p) for p in (root / "train").glob("*/*.jpg"))  # ImageFolder's order
-    first_of_rank1 = ShardSampler(len(files), rank=1, world_size=2, shuffle=True, seed=12345, drop_last=True)
+    first_of_rank1 = RankSampler(len(files), rank=1, world_size=2, shuffle=True, seed=12345, drop_last=True)
     bad = Path(files[next(iter(first_of_rank1))])
     bad.write_bytes(b"")
     started = time.monotonic()

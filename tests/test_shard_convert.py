@@ -18,8 +18,8 @@ import pytest
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from imgcls.data import shard as shard_cli
 from imgcls.data.shards import tfrecord, webdataset
+from imgcls.data.shards.__main__ import main as shards_main
 from imgcls.data.shards.convert import convert
 from imgcls.data.shards.formats import read_records
 from imgcls.data.shards.manifest import open_shard_set
@@ -347,13 +347,13 @@ def test_cli_mistakes_are_one_line_and_exit_2(
         ([str(folder / "train"), dst, "format=tfrecord", "shard_size=5"], f"SRC={folder}/train has no 'train'"),
     ]
     for argv, expected in cases:
-        assert shard_cli.main(argv) == 2, argv
+        assert shards_main(["convert", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("imgcls: error: ") and expected in err, err
     assert not os.path.exists(dst)
 
     result = subprocess.run(
-        [sys.executable, "-m", "imgcls.data.shard", str(folder), dst, "format=tfrecord", "shard_size=-3"],
+        [sys.executable, "-m", "imgcls.data.shards", "convert", str(folder), dst, "format=tfrecord", "shard_size=-3"],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and result.stdout == ""
@@ -367,24 +367,24 @@ def test_a_non_empty_destination_is_refused_and_untouched(
     dst.mkdir()
     (dst / "notes.txt").write_text("keep me")
     before = os.stat(dst / "notes.txt").st_mtime_ns
-    assert shard_cli.main([str(folder), str(dst), "format=webdataset", "shard_size=5"]) == 2
+    assert shards_main(["convert", str(folder), str(dst), "format=webdataset", "shard_size=5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"DST={dst} exists and is not empty" in err
     assert os.listdir(dst) == ["notes.txt"] and (dst / "notes.txt").read_text() == "keep me"
     assert os.stat(dst / "notes.txt").st_mtime_ns == before
-    assert shard_cli.main([str(folder), str(dst / "notes.txt"), "format=webdataset", "shard_size=5"]) == 2
+    assert shards_main(["convert", str(folder), str(dst / "notes.txt"), "format=webdataset", "shard_size=5"]) == 2
     assert "is not a folder" in capsys.readouterr().err
 
     empty = tmp_path / "empty"  # an empty folder is fine; the CLI reports the manifest
     empty.mkdir()
-    assert shard_cli.main([str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 0
+    assert shards_main(["convert", str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 0
     out = capsys.readouterr()
     assert f"wrote {empty / 'manifest.json'}" in out.out and "train -> webdataset" in out.err
     assert sorted(os.listdir(empty)) == ["manifest.json", "train-00000-of-00001.tar", "validation-00000-of-00001.tar"]
-    assert shard_cli.main([str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 2
+    assert shards_main(["convert", str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 2
     assert "it holds a complete conversion: manifest.json" in capsys.readouterr().err
     os.remove(empty / "manifest.json")  # as a killed conversion leaves it
-    assert shard_cli.main([str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 2
+    assert shards_main(["convert", str(folder), str(empty), "format=webdataset", "shard_size=50"]) == 2
     assert "an interrupted conversion? delete it and run again" in capsys.readouterr().err
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from imgcls.data.shards import remote
+from imgcls.data.shards.cache import TAG, copy_path
 from imgcls.errors import ConfigError, DataError
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, tiny_overrides
 
@@ -88,7 +89,7 @@ def test_local_copy_downloads_once_and_refreshes_a_changed_object(s3: S3, tmp_pa
     first = os.urandom(300_000)
     url = s3.put(key, first)
     path = remote.local_copy(url, str(tmp_path), s3.options)
-    assert path == str(tmp_path / "s3" / BUCKET / key)
+    assert path == str(tmp_path / "remote" / "s3" / BUCKET / key)
     assert Path(path).read_bytes() == first
     assert s3.requests.gets(key) == 1
 
@@ -114,7 +115,7 @@ def test_a_truncated_copy_is_replaced_and_temp_files_are_not_used(s3: S3, tmp_pa
     key = "partial/train-00000-of-00001.tar"
     data = os.urandom(100_000)
     url = s3.put(key, data)
-    target = Path(remote.cache_path(url, str(tmp_path)))
+    target = Path(copy_path(str(tmp_path), url))
     target.parent.mkdir(parents=True)
     target.write_bytes(data[:50_000])
     (target.parent / f".{target.name}.abc123.part").write_bytes(data)
@@ -182,7 +183,7 @@ def test_errors_are_one_line(s3: S3, tmp_path: Path, url: str, options: object, 
         remote.local_copy(url, str(tmp_path), s3.options if options == "s3" else options)
     message = str(info.value)
     assert message.startswith(expected) and "\n" not in message, message
-    assert _files(tmp_path) == [], "a failed download leaves nothing in the cache"
+    assert [n for n in _files(tmp_path) if n != TAG] == [], "a failed download leaves nothing but the cache's tag"
 
 
 def test_no_credentials_is_one_line(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,7 +220,7 @@ def test_pipe_runs_once_and_caches_stdout(tmp_path: Path) -> None:
     source.write_bytes(b"changed")  # no remote size to compare: the copy stands until deleted (documented)
     assert Path(remote.local_copy(url, str(cache), {})).read_bytes() != b"changed"
     assert remote.read_text(f"pipe:echo {'{}'}", {}) == "{}\n"
-    assert Path(remote.cache_path("pipe:aws s3 cp s3://b/wds/train-7.tar -", str(cache))).name == "train-7.tar"
+    assert Path(copy_path(str(cache), "pipe:aws s3 cp s3://b/wds/train-7.tar -")).name == "train-7.tar"
 
 
 def test_a_failing_pipe_leaves_no_copy(tmp_path: Path) -> None:
@@ -228,7 +229,7 @@ def test_a_failing_pipe_leaves_no_copy(tmp_path: Path) -> None:
     url = f"pipe:head -c 1000 {source}; exit 3"  # some bytes, then a failure: they must not become the shard
     with pytest.raises(DataError, match=r"^cannot read pipe:head .*: the command exited with code 3$"):
         remote.local_copy(url, str(tmp_path / "cache"), {})
-    assert [n for n in _files(tmp_path / "cache") if not n.endswith(".lock")] == []
+    assert [n for n in _files(tmp_path / "cache") if not n.endswith(".lock") and n != TAG] == []
 
 
 # -- a download cut short: the server disconnects, or the process is killed mid-transfer ----------------------
@@ -300,15 +301,15 @@ def http_server() -> Iterator[str]:
 
 def test_https_path_and_a_server_that_disconnects(http_server: str, tmp_path: Path) -> None:
     path = remote.local_copy(f"{http_server}/shards/full", str(tmp_path), {})
-    assert path == str(tmp_path / "http" / http_server.split("//")[1] / "shards" / "full")
+    assert path == str(tmp_path / "remote" / "http" / http_server.split("//")[1] / "shards" / "full")
     assert Path(path).read_bytes() == _Handler.data
     with pytest.raises(DataError, match=rf"^cannot read {http_server}/shards/cut: "):
         remote.local_copy(f"{http_server}/shards/cut", str(tmp_path), {})
-    assert sorted(p.name for p in (tmp_path / "http").rglob("*") if p.is_file() and "cut" in p.name) == [
+    assert sorted(p.name for p in (tmp_path / "remote" / "http").rglob("*") if p.is_file() and "cut" in p.name) == [
         ".cut.lock"], "a cut download leaves no file but the lock"
     with pytest.raises(DataError, match=r"shards/shrunk: the download stopped at 500000 of 1000000 bytes$"):
         remote.local_copy(f"{http_server}/shards/shrunk", str(tmp_path), {})
-    assert not Path(remote.cache_path(f"{http_server}/shards/shrunk", str(tmp_path))).exists()
+    assert not Path(copy_path(str(tmp_path), f"{http_server}/shards/shrunk")).exists()
 
 
 def test_a_server_that_states_no_size(http_server: str, tmp_path: Path) -> None:
@@ -324,7 +325,7 @@ def test_a_killed_download_leaves_no_shard(http_server: str, tmp_path: Path) -> 
     url = f"{http_server}/shards/stall"
     code = f"from imgcls.data.shards.remote import local_copy; local_copy({url!r}, {str(tmp_path)!r}, {{}})"
     proc = subprocess.Popen([sys.executable, "-c", code])
-    target = Path(remote.cache_path(url, str(tmp_path)))
+    target = Path(copy_path(str(tmp_path), url))
     deadline = time.monotonic() + 30
     # killed mid-transfer: half the bytes are in the temp file, the server holds the connection open
     while not any(p.name.endswith(".part") and p.stat().st_size > 0 for p in target.parent.glob(".*")):
@@ -442,6 +443,6 @@ def test_train_from_a_bucket_as_from_the_local_shards(s3: S3, uploaded: tuple[Pa
     local_epochs, s3_epochs = (
         [{k: e[k] for k in keys} for e in read_report(tmp_path / n)["epochs"]] for n in ("local", "s3"))
     assert s3_epochs == local_epochs and len(s3_epochs) == 1
-    assert sorted(p.name for p in (cache / "s3" / BUCKET / "wds").glob("*.tar")) == shards
+    assert sorted(p.name for p in (cache / "remote" / "s3" / BUCKET / "wds").glob("*.tar")) == shards
     gets = [s3.requests.gets(f"wds/{name}") - before for name, before in zip(shards, gets_before)]
     assert gets == [1] * len(shards), "each shard is downloaded once (then read from data.shard_cache)"

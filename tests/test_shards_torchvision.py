@@ -89,7 +89,7 @@ def shards(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=["webdataset", "tfrecord"])
 def converted(request: pytest.FixtureRequest, folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder through the converter (`python -m imgcls.data.shard`): tfrecord stores labels 1..N."""
+    """The folder through the converter (`python -m imgcls.data.shards convert`): tfrecord stores labels 1..N."""
     dst = tmp_path_factory.mktemp("converted") / request.param
     convert(folder, dst, request.param, shard_size=4, progress=False)
     return dst

@@ -197,7 +197,7 @@ def describe(cfg: DictConfig) -> dict[str, Any]:
         **plan.as_dict(), "train_images": images, "train_images_from": source,
     }  # fmt: skip
     if images:
-        # Training shards drop the remainder (every rank gets the same count) and drop the last partial batch.
+        # Training drops the remainder (every rank gets the same count) and the last partial batch.
         batches = (images // plan.world_size) // plan.per_device_batch
         total = recipe_steps(batches, plan.accumulation, epochs)
         summary.update(

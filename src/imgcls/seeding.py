@@ -70,7 +70,7 @@ def _splitmix64(x: int) -> int:
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """A well-mixed 32-bit seed for one sample of one epoch: splitmix64 chained over the three numbers
-    (an order of magnitude cheaper than numpy's SeedSequence, which cost seconds per ImageNet shard and epoch)."""
+    (an order of magnitude cheaper than numpy's SeedSequence, which cost seconds per rank and epoch on ImageNet)."""
     return _splitmix64(_splitmix64(_splitmix64(int(seed)) ^ int(epoch)) ^ int(index)) & 0xFFFFFFFF
 
 

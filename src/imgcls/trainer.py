@@ -60,7 +60,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         precision=precision,
         plugins=plugins,
         accumulate_grad_batches=plan.accumulation,
-        # Our samplers shard (train) and shard without padding (val, exact metrics) themselves.
+        # Our samplers split the samples among the ranks themselves (val without padding: exact metrics).
         use_distributed_sampler=False,
         deterministic=bool(cfg.deterministic) or None,
         default_root_dir=cfg.run_dir,

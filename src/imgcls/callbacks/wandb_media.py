@@ -5,7 +5,7 @@ per-class val accuracy plus a confusion matrix.
 The per-class numbers come from the last validation: the predictions the module's validation_step returns
 (the network's one pass over each val batch, under the run's precision), so the network never runs twice. The
 confusion matrix is a torchmetrics metric, summed over ranks like the module's val metrics, so it is
-exact under DDP (unpadded val shards).
+exact under DDP (each rank's val part unpadded).
 """
 
 from __future__ import annotations

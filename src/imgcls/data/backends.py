@@ -17,7 +17,7 @@ from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
-from imgcls.data.samplers import ResumableDataLoader, ShardSampler
+from imgcls.data.samplers import RankSampler, ResumableDataLoader
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
 from imgcls.data.synthetic import SyntheticImages
@@ -46,9 +46,9 @@ class TorchvisionBackend:
 
     def _sampler(
         self, dataset: Any, split: str, batch_size: int, rank: int, world_size: int, seed: int
-    ) -> ShardSampler:
+    ) -> RankSampler:
         training = split == "train"
-        return ShardSampler(
+        return RankSampler(
             len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training, per_sample_seeds=training
         )
 
@@ -125,7 +125,7 @@ class SyntheticBackend:
         training = split == "train"
         count = int(self.cfg.get("train_samples" if training else "val_samples") or 1024)
         dataset = SyntheticImages(count, int(self.cfg.image_size), len(self.classes), seed=1 if training else 2)
-        sampler = ShardSampler(count, rank, world_size, shuffle=training, seed=seed, drop_last=training)
+        sampler = RankSampler(count, rank, world_size, shuffle=training, seed=seed, drop_last=training)
         return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training)
 
 
@@ -136,7 +136,7 @@ def _transform(cfg: Any, split: str, image_size: int | None, augment_magnitude: 
 
 
 def _dataloader(
-    dataset: Any, sampler: ShardSampler, batch_size: int, cfg: Any, drop_last: bool, bad_images: Any = None
+    dataset: Any, sampler: RankSampler, batch_size: int, cfg: Any, drop_last: bool, bad_images: Any = None
 ) -> DataLoader:
     workers = int(cfg.num_workers)
     return ResumableDataLoader(  # stateful: Lightning resumes it mid-epoch

@@ -53,7 +53,7 @@ class CheckedImageFolder(ImageFolder):
 
     def __getitem__(self, index: int | tuple[int, int]) -> Any:
         seed = None
-        if isinstance(index, tuple):  # (index, augmentation seed) from ShardSampler(per_sample_seeds=True)
+        if isinstance(index, tuple):  # (index, augmentation seed) from RankSampler(per_sample_seeds=True)
             index, seed = index
         path, target = self.samples[index]
         try:

@@ -1,9 +1,10 @@
-"""A sharding sampler for training and exact validation.
+"""RankSampler: each rank's part of the samples, for training and exact validation.
 
 Hand-written because torch's DistributedSampler pads the val set with duplicates (so top-1 depends on
-the world size) and cannot resume inside an epoch. This one shards without padding when asked
-(validation), drops the tail evenly when asked (training, so all ranks take the same number of
-steps), reshuffles per epoch from (seed, epoch), and saves its position for mid-epoch resume.
+the world size) and cannot resume inside an epoch. This one splits the samples among the ranks without
+padding when asked (validation), drops the tail evenly when asked (training, so all ranks take the same
+number of steps), reshuffles per epoch from (seed, epoch), and saves its position for mid-epoch resume.
+("Shard" in imgcls means a file of records, data/shards/; a rank's part of the samples is its part.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader, Sampler
 from imgcls.seeding import sample_seed
 
 
-class ShardSampler(Sampler[Any]):
+class RankSampler(Sampler[Any]):
     def __init__(
         self,
         num_samples: int,
@@ -111,10 +112,10 @@ class ResumableDataLoader(DataLoader):
                 yield images, labels
 
     def state_dict(self) -> dict[str, Any]:
-        if not isinstance(self.sampler, ShardSampler):
+        if not isinstance(self.sampler, RankSampler):
             return {}
         return self.sampler.state_dict(self._consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if isinstance(self.sampler, ShardSampler) and state:
+        if isinstance(self.sampler, RankSampler) and state:
             self.sampler.load_state_dict(state)

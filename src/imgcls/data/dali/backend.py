@@ -136,18 +136,18 @@ class DaliBackend:
         try:
             if split == "train":
                 # The whole list, in the run seed's order: DALI reshuffles the whole list before every
-                # epoch (shuffle_after_epoch) and each rank reads its shard of that permutation, so every
+                # epoch (shuffle_after_epoch) and each rank reads its part of that permutation, so every
                 # rank needs every name.
                 files.write_list(listing.name, order=dali_list_order(seed, len(files)))
-                shard = (rank, world_size)
+                part = (rank, world_size)
             else:
-                # Val reads its own contiguous shard in order every epoch (stick_to_shard, no shuffle):
-                # DALI given only that shard reads the same samples, and holds 1/world_size of the names.
+                # Val reads its own contiguous part in order every epoch (stick_to_shard, no shuffle):
+                # DALI given only that part reads the same samples, and holds 1/world_size of the names.
                 files.write_list(listing.name, rank * len(files) // world_size, (rank + 1) * len(files) // world_size)
-                shard = (0, 1)
+                part = (0, 1)
             source = FolderSource(listing.name, files.root)
             return self._loader(files, source, split, batch_size, rank, world_size, seed, image_size,
-                                augment_magnitude, with_crop_shape, shard)  # fmt: skip
+                                augment_magnitude, with_crop_shape, part)  # fmt: skip
         finally:
             os.unlink(listing.name)
 
@@ -163,15 +163,15 @@ class DaliBackend:
         image_size: int | None,
         augment_magnitude: int | None,
         with_crop_shape: bool,
-        shard: tuple[int, int],
+        part: tuple[int, int],
     ) -> DaliLoader:
         cfg = self.cfg
         size = int(image_size or cfg.image_size)
         training = split == "train"
         common = {
             "source": source,
-            "shard_id": shard[0],  # the reader's shard (loader)
-            "num_shards": shard[1],
+            "shard_id": part[0],  # the reader's part of the samples, DALI's shard (loader)
+            "num_shards": part[1],
             "size": size,
             "gpu": self.gpu,
             "interpolation": str(cfg.interpolation),

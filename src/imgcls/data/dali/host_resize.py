@@ -1,11 +1,11 @@
-"""dali_cpu's train resize on the host: DALI reads, shards, shuffles, ROI-decodes the random crop and
+"""dali_cpu's train resize on the host: DALI reads its rank's part, shuffles, ROI-decodes the random crop and
 draws the flips; torch resizes each uint8 crop to the training size, flips and normalizes.
 
 Why not `fn.resize`: on the CPU, DALI's resampler is the most expensive stage of the pipeline, and torch's
 uint8 resize kernels (AVX2, channels_last) do the same bilinear resize in well under half its time
 (measured: docs/data-backends.md "Why dali_cpu resizes in torch"). Hand-written, because no library offers
 "DALI decode, torch resize". DALI's own ragged iterator still owns the epoch,
-shard and last-batch logic.
+rank-part and last-batch logic.
 
 The loader (loader.DaliLoader) calls HostResize in a background thread that makes batch N+1 while the
 training step runs on batch N (`data.dali_host_prefetch`, default 1; 0 resizes inside the step).

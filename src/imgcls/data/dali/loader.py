@@ -117,21 +117,21 @@ class DaliLoader:
         self.trace = trace
         self.epoch = 0
         total = len(files)
-        # The reader's shard of this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it.
-        self.shard_size = (rank + 1) * total // world_size - rank * total // world_size
+        # The reader's part for this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it (its shard_id).
+        self.part_size = (rank + 1) * total // world_size - rank * total // world_size
         if drop_last:
             # Every rank takes the same number of steps (DDP would hang otherwise): the full batches of the
-            # smallest shard.
+            # smallest part.
             self.length = (total // world_size) // batch_size
         else:
-            self.length = math.ceil(self.shard_size / batch_size)
+            self.length = math.ceil(self.part_size / batch_size)
         if self.length == 0:
             raise DataError(f"{total} images over {world_size} rank(s) make no full batch of {batch_size}")
         # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
-        # DALI's DROP policy: the train reader pads every shard to ceil(N / W) records, and when the smaller
-        # shard N // W is a whole number of batches, DROP ends the epoch one padded batch before the reader
-        # does; that batch (the shard's last record repeated) then opened the next epoch, whose own last
-        # records moved on to the epoch after, and so on. PARTIAL iterates the reader's whole epoch.
+        # DALI's DROP policy: the train reader pads every rank's part to ceil(N / W) records, and when the
+        # smaller part N // W is a whole number of batches, DROP ends the epoch one padded batch before the
+        # reader does; that batch (the part's last record repeated) then opened the next epoch, whose own
+        # last records moved on to the epoch after, and so on. PARTIAL iterates the reader's whole epoch.
         policy = LastBatchPolicy.PARTIAL
         self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
         ring = getattr(host_resize, "ring", None)
@@ -188,7 +188,7 @@ class DaliLoader:
         if index.dim() > 1 and index.shape[-1] == 1:
             index = index.reshape(-1)
         read = index
-        if index.numel() == 0:  # PARTIAL can end a short shard with an empty batch
+        if index.numel() == 0:  # PARTIAL can end a short part with an empty batch
             return _Batch(read, index, None)
         images, mirror = out["data"], out.get("mirror")
         flags = out["bad"].reshape(-1).bool().cpu()
@@ -219,7 +219,7 @@ class DaliLoader:
 
     def _wanted(self) -> bool:
         """Whether the DALI batch just taken is one of the epoch's `length` (train: the rest is padding and
-        records past the smallest shard's full batches, read only to end the reader's epoch)."""
+        records past the smallest part's full batches, read only to end the reader's epoch)."""
         return not self.drop_last or self._consumed <= self.length
 
     def _epoch(self) -> Iterator[_Batch]:

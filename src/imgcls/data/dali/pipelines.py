@@ -4,7 +4,7 @@ Differences from NVIDIA's PyTorch code, each on purpose:
 - train decodes with the fused `fn.decoders.image_random_crop` (ROI decode: only the crop's region
   of the JPEG is decoded, as NVIDIA's TF1/TF2 DALI pipelines do) instead of full decode +
   `random_resized_crop`; on 2 CPU cores this is what puts the pipeline past a plain full decode.
-- the reader is the only part that depends on data.format (_read_shard): a folder's file reader, whose
+- the reader is the only part that depends on data.format (_read_rank_part): a folder's file reader, whose
   "label" is the sample index that the loader maps to the class (file_list.FileList.labels), or DALI's
   TFRecord / WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either
   way the loader knows which samples each rank read.
@@ -129,10 +129,11 @@ class ShardSource:
     initial_fill: int = records.SHUFFLE_FILL
 
 
-def _read_shard(
+def _read_rank_part(
     source: FolderSource | ShardSource, shard_id: int, num_shards: int, training: bool
 ) -> tuple[Any, Any, Any]:
-    """(checked files, keys, bad flags) of this rank's shard, the only part of the pipelines that differs
+    """(checked files, keys, bad flags) of this rank's part of the samples (DALI's shard_id of num_shards), the
+    only part of the pipelines that differs
     between data formats. A key is the sample index for a folder (the loader maps it to its class) and
     (shard path hash, byte offset, stored label) for shard files (records.py)."""
     if isinstance(source, FolderSource):
@@ -142,12 +143,12 @@ def _read_shard(
 
 def _read_folder(source: FolderSource, shard_id: int, num_shards: int, training: bool) -> tuple[Any, Any, Any]:
     """Train reshuffles the whole list before every epoch (shuffle_after_epoch: a permutation with a fixed
-    seed per epoch, the same on every rank, so the shards stay disjoint; the list file itself comes
-    permuted by the run seed) and each rank reads its shard of it in that order. No `random_shuffle`: its
+    seed per epoch, the same on every rank, so the ranks' parts stay disjoint; the list file itself comes
+    permuted by the run seed) and each rank reads its part of it in that order. No `random_shuffle`: its
     1,024-file buffer of encoded JPEGs (`initial_fill`) cost 110 MB per rank and shuffled less (docs/
     data-backends.md "Startup"). Train pads instead of reading into the next epoch, so every epoch starts at
-    the shard's beginning. Val is exact: no padding duplicates, each rank keeps its own shard every epoch,
-    and the iterator's PARTIAL policy trims the samples read past the shard's end. `file_list` holds "path
+    the part's beginning. Val is exact: no padding duplicates, each rank keeps its own part every epoch,
+    and the iterator's PARTIAL policy trims the samples read past the part's end. `file_list` holds "path
     index" lines (file_list.FileList.write_list): the reader's label is the sample index. dont_use_mmap: a
     zero-byte file cannot be mapped, and the reader would stop the pipeline on it before the check sees it."""
     jpegs, index = fn.readers.file(
@@ -166,12 +167,12 @@ def _read_folder(source: FolderSource, shard_id: int, num_shards: int, training:
 
 
 def _read_records(source: ShardSource, shard_id: int, num_shards: int, training: bool) -> tuple[Any, Any, Any]:
-    """DALI's own shard readers. Each rank reads its contiguous range of the records (DALI splits the
+    """DALI's own readers of shard files. Each rank reads its contiguous range of the records (DALI splits the
     records of all files, in the order given, at floor(r * N / W)) and keeps it every epoch
     (stick_to_shard): ranks never read the same record. These readers have no shuffle_after_epoch: train
     draws from a shuffle buffer of `initial_fill` records (records.SHUFFLE_FILL, why that size) and pads the
-    shorter shards, so every rank counts N // W records an epoch; val reads in order, without padding, and
-    the iterator's PARTIAL policy trims what it read past the shard's end, as for a folder."""
+    shorter parts, so every rank counts N // W records an epoch; val reads in order, without padding, and
+    the iterator's PARTIAL policy trims what it read past the part's end, as for a folder."""
     common = {
         "shard_id": shard_id,
         "num_shards": num_shards,
@@ -233,7 +234,8 @@ def train_pipeline(
     fields, for callers that build the pipeline directly. Outputs (images, index, bad[, crop shape]).
     host_resize: stop after the ROI decode and return (crops, index, bad, mirror[, crop shape]); the loader
     resizes, flips and normalizes in torch (host_resize.py: DALI's CPU resize is slow)."""
-    jpegs, index, bad = _read_shard(source or FolderSource(file_list, file_root), shard_id, num_shards, training=True)
+    source = source or FolderSource(file_list, file_root)
+    jpegs, index, bad = _read_rank_part(source, shard_id, num_shards, training=True)
     decoder_args: dict[str, Any] = {}
     if gpu:
         decoder_args = {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
@@ -283,7 +285,8 @@ def val_pipeline(
     layout: str = "CHW",
     fp16: bool = False,
 ) -> Any:
-    jpegs, index, bad = _read_shard(source or FolderSource(file_list, file_root), shard_id, num_shards, training=False)
+    source = source or FolderSource(file_list, file_root)
+    jpegs, index, bad = _read_rank_part(source, shard_id, num_shards, training=False)
     images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
     # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own

@@ -34,8 +34,8 @@ from imgcls.errors import DataError
 # current epoch only (its Loader keeps one buffer segment per epoch), so an epoch never repeats or borrows a
 # record whatever the size; the size bounds how far a record moves: it comes out at most `initial_fill`
 # places before its place in the rank's range. The shards come shuffled (the converter and TF1's
-# build_imagenet_data.py both shuffle the whole split before sharding), so the buffer only has to vary the
-# order between epochs, not mix classes. Capped to a rank's records: more would only be read ahead.
+# build_imagenet_data.py both shuffle the whole split before writing its shards), so the buffer only has to
+# vary the order between epochs, not mix classes. Capped to a rank's records: more would only be read ahead.
 SHUFFLE_FILL = 1024
 BAD_LABEL = np.iinfo(np.int64).min  # a .cls member that is not a whole number; ShardCatalog reports it
 

@@ -1,7 +1,8 @@
-"""An ImageFolder (SRC/{train,val}/<class>/<image>) into shards: TFRecord (TF1 build_imagenet_data.py's names and
+"""`python -m imgcls.data.shards convert SRC DST format=webdataset|tfrecord shard_size=N [seed=0]`: an
+ImageFolder (SRC/{train,val}/<class>/<image>) into shards: TFRecord (TF1 build_imagenet_data.py's names and
 labels) or WebDataset tars, deterministic, with a manifest.json written last (its presence marks a complete
 conversion). The image files' bytes are copied, not decoded: an unreadable file goes in as it is and meets the
-readers' bad-image policy (data.on_bad_image) like the folder's would.
+readers' bad-image policy (data.on_bad_image) like the folder's would. docs/shards.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from imgcls.data.shards.manifest import INDEX_DIR, MANIFEST, manifest_document, 
 from imgcls.errors import ConfigError, DataError
 from imgcls.storage import write_atomic
 
+USAGE = "python -m imgcls.data.shards convert SRC DST format=webdataset|tfrecord shard_size=N [seed=0]"
+KEYS = ("format", "shard_size", "seed")
 LABEL_BASE = {"tfrecord": 1, "webdataset": 0}  # tfrecord: 1..N as TF1, so NVIDIA's TF scripts read ours unchanged
 SPLIT_PREFIX = {"train": "train", "val": "validation"}  # TF1's shard names
 
@@ -145,3 +148,48 @@ def _read(path: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+
+
+# --- the command ------------------------------------------------------------------------------------------
+
+
+def _integer(key: str, value: str, low: int, what: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        raise ConfigError(f"{key}={value} is not allowed; {what} (usage: {USAGE})")
+    return number
+
+
+def parse(argv: list[str]) -> dict:
+    """SRC, DST and the key=value arguments, each mistake one ConfigError line."""
+    positional = [a for a in argv if "=" not in a]
+    pairs = [a.partition("=") for a in argv if "=" in a]
+    if len(positional) != 2:
+        raise ConfigError(f"expected SRC and DST, got {len(positional)} path(s) {positional}; usage: {USAGE}")
+    args: dict = {"src": positional[0], "dst": positional[1], "seed": 0}
+    for key, _, value in pairs:
+        if key not in KEYS:
+            raise ConfigError(f"unknown argument {key}={value}; allowed: {', '.join(KEYS)} (usage: {USAGE})")
+        if key == "format":
+            if value not in FORMATS:
+                raise ConfigError(f"format={value} is not allowed; allowed: {', '.join(FORMATS)}")
+            args["format"] = value
+        elif key == "shard_size":
+            args["shard_size"] = _integer(key, value, 1, "a positive integer (images per shard, e.g. 1250)")
+        else:
+            args["seed"] = _integer(key, value, 0, "an integer >= 0")
+    for key in ("format", "shard_size"):
+        if key not in args:
+            raise ConfigError(f"{key} is not set; usage: {USAGE}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    """`python -m imgcls.data.shards convert ...` (the dispatch and the error line are in __main__.py)."""
+    args = parse(argv)
+    path = convert(args["src"], args["dst"], args["format"], args["shard_size"], args["seed"])
+    print(f"wrote {path}")
+    return 0

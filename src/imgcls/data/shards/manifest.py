@@ -1,20 +1,19 @@
 """A shard dataset's description: its shards per split with their record counts, classes and label base.
 
-From ROOT/manifest.json (written by `python -m imgcls.data.shard`) when present, else from the shard names in
+From ROOT/manifest.json (written by `python -m imgcls.data.shards convert`) when present, else from the shard names in
 ROOT (TF1 build_imagenet_data.py's train-*/validation-*), with counts from DALI index files or a header scan.
 docs/shards.md "Layout" and "manifest.json".
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgcls.data.shards import remote, tfrecord, webdataset
+from imgcls.data.shards import cache, remote, tfrecord, webdataset
 from imgcls.data.shards.formats import FORMATS
 from imgcls.errors import ConfigError, DataError
 from imgcls.storage import write_atomic
@@ -210,7 +209,8 @@ def _from_names(
 
 def _count(url: str, fmt: str, options: Any, is_url: bool, index_dir: str | None, cache_dir: str | None) -> int:
     """A shard's record count: its DALI index file's line count if there is one, else a scan of its headers
-    (cached, keyed by path, size and mtime: an ImageNet train set is 1.28 M headers)."""
+    (cached in data.shard_cache, cache.count_path, valid for its path, size and mtime: an ImageNet train set
+    is 1.28 M headers)."""
     if fmt == "tfrecord":
         index = tfrecord.existing_index(url, index_dir)  # a URL's own folder is never a local file: only index_dir
         if index is not None:
@@ -227,11 +227,11 @@ def _scanned_count(path: str, fmt: str, cache_dir: str | None) -> int:
     key = {"path": os.path.realpath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     cached = None
     if cache_dir is not None:
-        digest = hashlib.sha1(key["path"].encode()).hexdigest()[:16]
-        cached = Path(cache_dir) / "counts" / f"{digest}-{os.path.basename(path)}.json"
+        cached = cache.count_path(str(cache_dir), path)
         try:
             document = json.loads(cached.read_text())
             if {k: document.get(k) for k in key} == key:
+                cache.used(cached)
                 return int(document["count"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # absent, or stale from an older file: scan again
@@ -257,7 +257,7 @@ def manifest_document(
             for split, items in shards.items()
         },
         **provenance,
-        "created_by": "imgcls.data.shard",
+        "created_by": "imgcls.data.shards.convert",
     }
 
 

@@ -2,11 +2,12 @@
 
 Both backends read local files (DALI's readers take paths; the torchvision path reads a shard whole), so a
 remote shard is downloaded into `data.shard_cache` before it is read, at
-`CACHE/<scheme>/<bucket-or-host>/<path>` (readable, the same across runs). A cached copy is reused only when
-its size equals the remote object's (one `info` request); a changed object is downloaded again.
+`CACHE/remote/<scheme>/<bucket-or-host>/<path>` (readable, the same across runs; cache.py owns the layout
+and prunes it). A cached copy is reused only when its size equals the remote object's (one `info` request);
+a changed object is downloaded again.
 
-A download goes to a temp file (mkstemp, in the cache folder) that is renamed over the cache path only when
-complete and of the listed size: a killed or failed download never leaves a short file under the shard's
+A download goes to a temp file (`.NAME.XXXXXXXX.part`, beside the copy) that is renamed over the cache path
+only when complete and of the listed size: a killed or failed download never leaves a short file under the shard's
 name. Several ranks and DataLoader workers can ask for the same shard at once: a lock file next to the copy
 makes the others wait for the first download instead of repeating it; where the filesystem cannot lock
 (some NFS mounts) each downloads its own temp file, and the renames replace one complete copy by another.
@@ -21,23 +22,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import posixpath
-import shlex
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
+from imgcls.data.shards import cache
 from imgcls.errors import ConfigError, DataError, StorageError
 
 log = logging.getLogger(__name__)
 
-PIPE = "pipe:"
+PIPE = cache.PIPE
 _CHUNK = 1 << 20
 
 
@@ -85,7 +84,7 @@ def list_names(url: str, storage_options: Mapping[str, Any] | None = None) -> li
             raise DataError(f"cannot list {path}: {exc.strerror or type(exc).__name__}") from None
     if url.startswith(PIPE):
         raise DataError(f"cannot list the files of {url}: a pipe: root needs a manifest.json "
-                        "(python -m imgcls.data.shard writes one)")
+                        "(python -m imgcls.data.shards convert writes one)")
     fs, path = _filesystem(url, storage_options)
     try:
         _invalidate(fs, path)
@@ -93,31 +92,6 @@ def list_names(url: str, storage_options: Mapping[str, Any] | None = None) -> li
     except Exception as exc:
         raise _failure("list", url, exc) from None
     return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "file")
-
-
-def cache_path(url: str, cache_dir: str) -> str:
-    """Where `local_copy` keeps `url`: CACHE/<scheme>/<bucket-or-host>/<path>; pipe:CMD under
-    CACHE/pipe/<hash of CMD>/<the command's last file name>."""
-    cache_dir = os.path.abspath(os.path.expanduser(str(cache_dir)))
-    if url.startswith(PIPE):
-        command = url[len(PIPE):]
-        try:
-            words = shlex.split(command)
-        except ValueError:  # unbalanced quotes: the shell will say so when it runs
-            words = command.split()
-        # the file the command fetches: its last path-like word (`aws s3 cp s3://b/x.tar -` ends in "-")
-        paths = [w for w in words if not w.startswith("-") and ("/" in w or "." in w)]
-        name = posixpath.basename(urlsplit(paths[-1]).path) if paths else ""
-        parts = ["pipe", hashlib.sha256(command.encode()).hexdigest()[:16], name or "stdout"]
-    else:
-        split = urlsplit(url)
-        parts = [split.scheme.lower(), split.netloc, *split.path.split("/")]
-        if split.query:  # a signed https URL: same object, other query -> its own file
-            parts[-1] += "-" + hashlib.sha256(split.query.encode()).hexdigest()[:12]
-    parts = [p for p in parts if p]
-    if any(p in (".", "..") or os.sep in p for p in parts) or len(parts) < 3:
-        raise DataError(f"cannot cache {url}: not a file URL (a '..' or '.' segment, or no file name)")
-    return os.path.join(cache_dir, *parts)
 
 
 def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, Any] | None = None) -> str:
@@ -131,9 +105,11 @@ def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, An
     if cache_dir is None or str(cache_dir).strip() in ("", "None"):  # str(None) from a caller's str(cfg.shard_cache)
         raise ConfigError(f"data.shard_cache is not set; {url} is copied there before it is read (set a folder "
                           "on local disk)")
-    target = cache_path(url, cache_dir)
+    target = cache.copy_path(str(cache_dir), url)
     if url.startswith(PIPE):
-        if not os.path.exists(target):
+        if os.path.exists(target):
+            cache.used(target)
+        else:
             with _lock(target):
                 if not os.path.exists(target):
                     _download(url, target, lambda tmp: _run_pipe_to(url, tmp), size=None)
@@ -141,6 +117,7 @@ def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, An
     fs, path = _filesystem(url, storage_options)
     size = _remote_size(fs, path, url)
     if _usable(target, size):
+        cache.used(target)
         return target
     with _lock(target):
         if not _usable(target, size):  # another process may have fetched it while we waited
@@ -240,10 +217,9 @@ def _lock(target: str) -> Iterator[None]:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise StorageError(f"cannot create {folder} (data.shard_cache): {exc.strerror or type(exc).__name__}") from None
-    lock_path = os.path.join(folder, f".{os.path.basename(target)}.lock")
     fd = None
     with contextlib.suppress(OSError):  # no lock file or no flock: each process downloads its own temp file
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(cache.lock_path(target), os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         yield
@@ -254,10 +230,8 @@ def _lock(target: str) -> Iterator[None]:
 
 def _download(url: str, target: str, fetch: Any, size: int | None) -> None:
     """fetch(temp path) writes the bytes; they become `target` only when complete."""
-    folder = os.path.dirname(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".part", dir=folder)
+    tmp = cache.download_temp(target)
     try:
-        os.close(fd)
         fetch(tmp)
         got = os.stat(tmp).st_size
         if size is not None and got != size:

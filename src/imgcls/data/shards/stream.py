@@ -12,7 +12,7 @@ docs/shards.md "Distributed semantics" is the contract; in short:
 
 Why a map-style dataset plus a sampler rather than an IterableDataset: the epoch, the resume position and
 the per-sample augmentation seeds then live in the sampler in the main process, where Lightning's
-set_epoch and its stateful-loader calls reach them (samplers.ShardSampler / ResumableDataLoader, reused
+set_epoch and its stateful-loader calls reach them (samplers.RankSampler / ResumableDataLoader, reused
 as they are), and persistent workers see a new epoch without being restarted (an IterableDataset's copy in
 a persistent worker never learns the epoch). Correctness never depends on which worker gets which batch:
 only the number of shard reads does. A resume skips whole batches, so after it each worker again takes
@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 
 from imgcls.data.bad_images import BadImage, BadImageLog, BadSample
 from imgcls.data.images import load_rgb
-from imgcls.data.samplers import ShardSampler
+from imgcls.data.samplers import RankSampler
 from imgcls.data.shards import remote
 from imgcls.data.shards.formats import read_records
 from imgcls.data.shards.manifest import ShardSet
@@ -123,8 +123,8 @@ def loader_order(chunks: Sequence[np.ndarray], batch_size: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-class ShardStreamSampler(ShardSampler):
-    """ShardSampler over the epoch plan: the same epoch, resume and per-sample-seed machinery, with the
+class ShardStreamSampler(RankSampler):
+    """RankSampler over the epoch plan: the same epoch, resume and per-sample-seed machinery, with the
     indices (sample ids) in the plan's order instead of a global permutation."""
 
     def __init__(
@@ -227,7 +227,7 @@ class ShardRecords(Dataset):
 
     def __getitem__(self, index: int | tuple[int, int]) -> Any:
         seed = None
-        if isinstance(index, tuple):  # (id, augmentation seed) from ShardSampler(per_sample_seeds=True)
+        if isinstance(index, tuple):  # (id, augmentation seed) from RankSampler(per_sample_seeds=True)
             index, seed = index
         shard, position = self.locate(int(index))
         try:

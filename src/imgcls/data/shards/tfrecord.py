@@ -1,17 +1,19 @@
 """TFRecord files of tf.train.Example records (the TF seeds' ImageNet shards) and their DALI index files.
 
 Framing (TensorFlow's record_writer.cc): uint64 length, masked crc32c of the length, the data, masked crc32c
-of the data, all little-endian. No library outside TensorFlow writes or reads it, and TensorFlow is a
-multi-GiB dependency for 20 lines, so the framing is written here; the checksums are google-crc32c's.
+of the data, all little-endian. TensorFlow is not its only reader: DALI's fn.readers.tfrecord reads it (the
+DALI backend does, with the index files made below), and small PyPI packages (tfrecord, tfrecords) read and
+write it. None serves here: DALI reads only inside its pipeline and writes nothing, TensorFlow is a multi-GiB
+dependency, and another package would be one more dependency for 20 lines. So the framing is written here,
+its checksums (google-crc32c's) verified on every read.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
 import struct
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -19,6 +21,7 @@ import google_crc32c
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from imgcls.data.shards import cache
 from imgcls.errors import DataError
 from imgcls.storage import write_atomic
 
@@ -39,7 +42,7 @@ def masked_crc(data: bytes) -> int:
 
 # --- tf.train.Example -------------------------------------------------------------------------------------
 
-@cache
+@functools.cache
 def _example_class() -> Any:
     """The message classes of tensorflow/core/example/{feature,example}.proto, built from a descriptor written
     here: the same wire format as TensorFlow's generated code without depending on tensorflow (or on a
@@ -190,16 +193,16 @@ def existing_index(path: str, index_dir: str | None) -> Path | None:
 
 def dali_index_files(local_paths: list[str], index_dir: str | None, cache_dir: str) -> list[str]:
     """The DALI index file of each local TFRecord file: the user's (existing_index), else one made once
-    (atomically: ranks racing write the same bytes) under CACHE_DIR/dali_idx/, keyed by the shard's path, size
-    and mtime. Never written into the user's data folder."""
+    (atomically: ranks racing write the same bytes) in CACHE_DIR (cache.index_path: keyed by the shard's
+    path, size and mtime). Never written into the user's data folder."""
     found = []
     for path in local_paths:
         existing = existing_index(path, index_dir)
         if existing is None:
-            stat = os.stat(path)
-            key = hashlib.sha1(f"{os.path.realpath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
-            existing = Path(cache_dir) / "dali_idx" / key[:16] / f"{os.path.basename(path)}.idx"
-            if not existing.is_file():
+            existing = cache.index_path(cache_dir, path, os.stat(path))
+            if existing.is_file():
+                cache.used(existing)
+            else:
                 text = index_text(scan_file(path))
                 write_atomic(existing, lambda tmp, text=text: tmp.write_text(text), what="DALI index file")
         found.append(str(existing))
