@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # cores busy (pytest-xdist; TEST_JOBS=0 runs in one process).
 TEST_JOBS ?= 2
 
-.PHONY: install train test lint bench bench-data bench-startup gpu-check docker clean
+.PHONY: install train test test-fast lint bench bench-data bench-startup gpu-check docker clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,9 @@ train: $(STAMP)   ## the demo: ResNet18 on embedded handwritten digits, CPU, a f
 
 test: $(STAMP)    ## the test suite (CPU only; GPU tests skip without CUDA)
 	$(PY) -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
+
+test-fast: $(STAMP)   ## the edit loop: every test not marked slow (no training run, DDP or subprocess), ~1 min
+	$(PY) -m pytest -n $(TEST_JOBS) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests train.py evaluate.py

@@ -120,9 +120,7 @@ def run_cli(
     script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     """Run train.py / evaluate.py as a user would, in a real process (of the warm server: tests/warm_python.py)."""
-    argv = [str(ROOT / script), *args]
-    code, out, err = warm_python.run(argv, env={"WANDB_MODE": "offline", **(env or {})}, timeout=timeout)
-    return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
+    return warm_python.run([ROOT / script, *args], env={"WANDB_MODE": "offline", **(env or {})}, timeout=timeout)
 
 
 def read_report(run_dir: Path) -> dict[str, Any]:

@@ -82,6 +82,7 @@ def test_cpu_amp_is_bf16_unless_fp16_is_asked_for(caplog: pytest.LogCaptureFixtu
     )
 
 
+@pytest.mark.slow
 def test_fp16_run_on_cpu_scales_from_128_and_grows(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     inject(monkeypatch, "none", set(), seen)
@@ -93,6 +94,7 @@ def test_fp16_run_on_cpu_scales_from_128_and_grows(data: Path, tmp_path: Path, m
     assert all(math.isfinite(v) for v in seen["loss"].values())
 
 
+@pytest.mark.slow
 def test_one_overflow_is_skipped_counted_and_training_goes_on(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,6 +110,7 @@ def test_one_overflow_is_skipped_counted_and_training_goes_on(
     assert summary["train.amp_skipped_steps"] == 1 and report["epochs"][-1]["step"] == 9
 
 
+@pytest.mark.slow
 def test_static_loss_scale_stays_put_and_still_skips_an_overflow(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,6 +126,7 @@ def test_static_loss_scale_stays_put_and_still_skips_an_overflow(
     assert summary["train.amp_skipped_steps"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["nan", "overflow"])
 def test_persistent_overflow_stops_with_exit_3_and_the_unscaled_loss(
     fault: str, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture

@@ -14,6 +14,7 @@ from tests.test_amp import FP16_NET
 from tests.test_host_sync import SyncCounter, count_syncs
 
 
+@pytest.mark.slow
 def test_fp16_loss_scaling_syncs_at_most_once_per_k_steps(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -28,6 +29,7 @@ def test_fp16_loss_scaling_syncs_at_most_once_per_k_steps(
     assert set(syncing) <= {9}, "\n".join(f"batch {b}: {c}" for b, c in syncing.items())
 
 
+@pytest.mark.slow
 def test_fp16_with_gradient_clipping_uses_the_unfused_optimizer(image_folder: Path, tmp_path: Path) -> None:
     """Lightning clips after unscaling, which a fused optimizer does inside its step: it raises for that pair."""
     overrides = tiny_overrides(image_folder, "recipe.epochs=1", "precision=amp", "precision.cpu_fp16=true",

@@ -61,6 +61,7 @@ def dirty(tmp_path_factory: pytest.TempPathFactory, kinds: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DECODABLE)
 def test_decodable_files_become_8bit_rgb(kinds: Path, name: str) -> None:
     image = load_rgb(str(kinds / name))
@@ -113,6 +114,7 @@ def train_epoch_samples(cfg, caplog: pytest.LogCaptureFixture) -> tuple[int, lis
     return count, [r.getMessage() for r in caplog.records if "bad image" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_torchvision_skip_keeps_every_other_sample(dirty: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = compose_config(tiny_overrides(dirty, "model.image_size=32")).data
     count, warnings = train_epoch_samples(cfg, caplog)
@@ -122,6 +124,7 @@ def test_torchvision_skip_keeps_every_other_sample(dirty: Path, caplog: pytest.L
         assert sum(f"x_{name}" in w for w in warnings) == 1
 
 
+@pytest.mark.slow
 def test_dali_cpu_skips_bad_files_in_their_batch(dirty: Path, caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("nvidia.dali")
     cfg = compose_config(tiny_overrides(dirty, "data.backend=dali_cpu", "data.num_workers=1")).data
@@ -133,6 +136,7 @@ def test_dali_cpu_skips_bad_files_in_their_batch(dirty: Path, caplog: pytest.Log
         assert sum(f"x_{name}" in w for w in warnings) == 1
 
 
+@pytest.mark.slow
 def test_training_skips_bad_files_and_reports_them(dirty: Path, tmp_path: Path) -> None:
     run(compose_config(tiny_overrides(dirty, "recipe.epochs=1", "data.batch_size=4", "recipe.global_batch_size=4"),
                        run_dir=tmp_path))
@@ -143,6 +147,7 @@ def test_training_skips_bad_files_and_reports_them(dirty: Path, tmp_path: Path) 
     assert np.isfinite(report["epochs"][0]["train.loss"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
 def test_error_policy_stops_with_the_path(
     dirty: Path, tmp_path: Path, capsys: pytest.CaptureFixture, backend: str
@@ -179,6 +184,7 @@ def one_bad_file(root: Path, kind: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
 @pytest.mark.parametrize("kind", ["empty", "truncated"])
 def test_mixup_recipe_trains_past_a_bad_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
@@ -210,6 +216,7 @@ def test_mixup_recipe_trains_past_a_bad_file(tmp_path: Path, monkeypatch: pytest
         assert "mixup_dropped_samples" not in report["bad_images"]
 
 
+@pytest.mark.slow
 def test_mixup_evens_an_odd_batch_and_leaves_one_sample_unmixed() -> None:
     import torch
     from omegaconf import OmegaConf
@@ -230,6 +237,7 @@ def test_mixup_evens_an_odd_batch_and_leaves_one_sample_unmixed() -> None:
     assert module.mixup_dropped_samples == 1 and module.mixup_unmixed_batches == 1
 
 
+@pytest.mark.slow
 def test_mixup_drop_count_continues_across_a_resume(tmp_path: Path) -> None:
     """One odd batch per epoch: 2 after a run stopped after epoch 1 and resumed for epoch 2 (checkpoint state)."""
     argv = tiny_overrides(one_bad_file(tmp_path / "data", "empty"), "recipe=250e", "data.batch_size=4",

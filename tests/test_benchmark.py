@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ from imgcls.bench.training import BenchmarkTimer
 from imgcls.cli import run_evaluate as evaluate
 from imgcls.cli import run_train
 from imgcls.errors import ConfigError
+from tests import warm_python
 from tests.conftest import ROOT, compose_config, tiny_overrides
 from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
 
@@ -52,6 +52,7 @@ def test_inference_warmup_is_not_timed() -> None:
     assert row["throughput_ips"] == pytest.approx(2 / (row["latency_avg_ms"] / 1000))
 
 
+@pytest.mark.slow
 def test_benchmark_table_for_a_checkpoint(trained: Path, tmp_path: Path, capsys) -> None:
     cfg = compose_config(
         [
@@ -143,6 +144,7 @@ def test_training_benchmark_timer_excludes_warmup() -> None:
     assert summary["train.compute_time"] < 0.1 and summary["train.compute_ips"] > 4 / 0.1
 
 
+@pytest.mark.slow
 def test_train_mode_benchmark_runs_timed_iterations_only(image_folder: Path, tmp_path: Path) -> None:
     overrides = tiny_overrides(image_folder, "mode=benchmark", "benchmark.warmup=2", "benchmark.iterations=8")
     # 8 timed iterations on 6 batches per epoch: the benchmark goes on over the epoch end.
@@ -154,6 +156,7 @@ def test_train_mode_benchmark_runs_timed_iterations_only(image_folder: Path, tmp
     assert metrics["train.compute_ips"] >= metrics["train.total_ips"]
 
 
+@pytest.mark.slow
 def test_train_mode_benchmark_runs_the_callbacks_of_a_real_run(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,6 +178,7 @@ def test_train_mode_benchmark_runs_the_callbacks_of_a_real_run(
     assert len(built["train"]) >= 6  # report, NaN check, preemption, RNG, seeds, checkpoints
 
 
+@pytest.mark.slow
 def test_train_benchmark_cli_on_synthetic_data_and_bad_batch_sizes(tmp_path: Path) -> None:
     train = [
         str(ROOT / "train.py"), "mode=benchmark", "model=resnet18", "data=synthetic", "data.num_classes=10",
@@ -217,11 +221,12 @@ def test_loader_benchmark_ratios_are_medians_of_per_repeat_ratios() -> None:
     assert "Medians of 3 interleaved repeats" in out
 
 
+@pytest.mark.slow
 def test_loader_benchmark_runs_every_backend_on_real_jpegs(image_folder: Path) -> None:
     """Every row on the same files, with one-line errors for bad arguments."""
 
     def run_module(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        return warm_python.run(["-m", *argv])
 
     ok = run_module("imgcls.bench.data", f"data.root={image_folder}", "seconds=0.2", "repeats=1", "batch_size=4")
     assert ok.returncode == 0, ok.stderr[-2000:]

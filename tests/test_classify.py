@@ -70,6 +70,7 @@ def test_imagenet_names_match_the_sample_photos_file_names() -> None:
     assert display_names(["n01440764", "class_0"]) == ["tench", "class_0"]
 
 
+@pytest.mark.slow
 def test_a_folder_is_classified_in_batches_and_bad_files_are_reported(trained: Path, mixed_folder: Path) -> None:
     predictor = load_predictor(str(trained / "checkpoints" / "last.ckpt"))
     paths = sorted(p for p in mixed_folder.rglob("*.jpg"))
@@ -88,6 +89,7 @@ def test_a_folder_is_classified_in_batches_and_bad_files_are_reported(trained: P
     assert [e["prob"] for e in single["top"]] == pytest.approx([e["prob"] for e in good[3]["top"]], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_imagenet_wnids_print_human_readable_names(photos: list[Path], tmp_path: Path, capsys) -> None:
     model_cfg = OmegaConf.to_container(compose_config(["model=resnet18"]).model, resolve=True)
     net = build_network(OmegaConf.create(model_cfg), 1000).eval()
@@ -104,6 +106,7 @@ def test_imagenet_wnids_print_human_readable_names(photos: list[Path], tmp_path:
         assert match and imagenet_names()[match.group(2)] == match.group(1), line
 
 
+@pytest.mark.slow
 def test_onnx_backend_agrees_with_pytorch(trained: Path, photos: list[Path], tmp_path: Path) -> None:
     model = load_trained(trained / "checkpoints" / "last.ckpt")
     export_onnx(model, tmp_path / "tiny.onnx")
@@ -125,6 +128,7 @@ def cli(trained: Path, mixed_folder: Path) -> dict[str, subprocess.CompletedProc
     )
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_files_by_name_and_classifies_the_others(cli: dict, mixed_folder: Path) -> None:
     result = cli["partial"]
     assert result.returncode == 1, result.stderr[-2000:]
@@ -135,15 +139,18 @@ def test_cli_reports_bad_files_by_name_and_classifies_the_others(cli: dict, mixe
     assert sorted(Path(line.split(": ")[2]).name for line in errors) == ["cut.jpg", "notes.jpg"]
 
 
+@pytest.mark.slow
 def test_cli_one_bad_image_is_a_one_line_error(cli: dict) -> None:
     assert_one_line_error(cli["single_bad"], "notes.jpg: cannot decode image")
 
 
+@pytest.mark.slow
 def test_no_images_is_an_error(trained: Path) -> None:
     with pytest.raises(ConfigError, match=r"images=\[FILE_OR_DIR,...\] is required"):
         classify_run(compose_config([f"ckpt={trained / 'checkpoints' / 'last.ckpt'}"], config_name="classify"))
 
 
+@pytest.mark.slow
 def test_probabilities_are_softmax_of_the_logits(trained: Path, photos: list[Path]) -> None:
     model = load_trained(trained / "checkpoints" / "last.ckpt")
     image = val_transform(OmegaConf.create(model.preprocessing))(Image.open(photos[1]).convert("RGB"))

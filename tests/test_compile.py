@@ -39,6 +39,7 @@ def assert_compiled_in_place(module: L.LightningModule) -> None:
                k.startswith("net."))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_compile_trains_and_keeps_checkpoint_keys(image_folder: Path, tmp_path: Path, monkeypatch) -> None:
     modules = compiled_fits(monkeypatch)
     torch._dynamo.reset()
@@ -51,6 +52,7 @@ def test_compile_trains_and_keeps_checkpoint_keys(image_folder: Path, tmp_path: 
     assert any(k.startswith("net.conv1.") for k in state) and not [k for k in state if "_orig_mod" in k]
 
 
+@pytest.mark.slow
 def test_training_benchmark_compiles_like_training(image_folder: Path, tmp_path: Path, monkeypatch) -> None:
     modules = compiled_fits(monkeypatch)
     overrides = tiny_overrides(image_folder, "compile=true", "mode=benchmark", "benchmark.warmup=1", SMALL_NET,

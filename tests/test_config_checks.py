@@ -73,6 +73,7 @@ def cli_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subproces
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,message", BAD, ids=[o for o, _ in BAD])
 def test_bad_value_is_one_line_and_exit_2(
     cli_results: dict, capsys: pytest.CaptureFixture, override: str, message: str
@@ -136,11 +137,13 @@ def shipped_leaves(shipped_configs: list[DictConfig]) -> dict[str, set]:
     return found
 
 
+@pytest.mark.slow
 def test_every_key_of_every_shipped_config_has_a_rule(shipped_leaves: dict[str, set]) -> None:
     """A key added to a config file without a rule fails here, so it cannot slip past the checks."""
     assert sorted(k for k in shipped_leaves if rule_for(k, TRAIN) is None) == []
 
 
+@pytest.mark.slow
 def test_every_numeric_key_is_range_checked(shipped_leaves: dict[str, set]) -> None:
     free = ("expected.", "hardware.devices", "trainer.devices")  # informational / checked by runtime.py
     numeric = [k for k, types in shipped_leaves.items() if types & {"int", "float"}]
@@ -149,17 +152,20 @@ def test_every_numeric_key_is_range_checked(shipped_leaves: dict[str, set]) -> N
     assert unchecked == []
 
 
+@pytest.mark.slow
 def test_every_rule_matches_a_shipped_key(shipped_leaves: dict[str, set]) -> None:
     """No stale rules: a renamed key must be renamed in the table too."""
     assert [p for p in TRAIN if not any(rule_for(k, {p: anything}) for k in shipped_leaves)] == []
 
 
+@pytest.mark.slow
 def test_every_shipped_config_passes(shipped_configs: list[DictConfig]) -> None:
     for cfg in shipped_configs:
         check_config(cfg)
 
 
 # --- evaluate.py -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_evaluate_checks_its_values_too(tmp_path: Path) -> None:
     """Was a RuntimeError traceback ("negative dimension -5") from the inference benchmark."""
     result = subprocess.run(
@@ -170,6 +176,7 @@ def test_evaluate_checks_its_values_too(tmp_path: Path) -> None:
     assert_one_line_error(result, "benchmark.image_size=-5 must be a positive integer")
 
 
+@pytest.mark.slow
 def test_every_key_of_the_evaluate_config_has_a_rule() -> None:
     configs = [compose_config([], "evaluate")]
     configs += [compose_config([f"{g}={o}"], "evaluate") for g in ("model", "precision") for o in options(g)]

@@ -89,6 +89,7 @@ def _recipe_for(model: str) -> str:
     return "efficientnet" if model.startswith("efficientnet") else "90e"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "row", published_rows(), ids=lambda r: "-".join(map(str, list(r.values())[:3]))
 )
@@ -112,6 +113,7 @@ def test_published_recipe_resolves_to_nvidia_numbers(row: dict) -> None:
     assert cfg.model.channels_last is row["channels_last"]
 
 
+@pytest.mark.slow
 def test_recipe_constants_match_nvidia() -> None:
     for name, epochs, mixup in (("50e", 50, 0.0), ("90e", 90, 0.0), ("250e", 250, 0.2)):
         recipe = compose_config([f"recipe={name}"]).recipe
@@ -147,6 +149,7 @@ def test_model_defaults(model: str, size: int, drop: float, drop_path: float) ->
     assert cfg.data.image_size == size  # the data pipeline follows the model's size
 
 
+@pytest.mark.slow
 def test_every_combination_composes_and_plans() -> None:
     """model x precision x hardware x recipe: each group is composed by Hydra once, then combinations are
     merged the way Hydra merges group nodes and planned. The batch table is keyed by (model, precision,
@@ -227,6 +230,7 @@ def test_every_config_value_names_its_source() -> None:
                     assert "#" in line, f"{path.name}: no source comment on {line.strip()!r}"
 
 
+@pytest.mark.slow
 def test_every_experiment_is_named_by_its_file() -> None:
     """task_name (the run dir outputs/TASK_NAME/<time> and its TASK_NAME.log) is the experiment's file name,
     which train.yaml derives from Hydra's choice of experiment; train without one."""
@@ -259,6 +263,7 @@ def test_imagenet_root_comes_from_environment(monkeypatch: pytest.MonkeyPatch, t
 
 
 # The PyTorch runs; the TF seeds' runs (tf1_*, tf2_*) are checked against their own tables in test_tf_experiments.py.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in options("experiment") if n != "demo" and not n.startswith("tf")])
 def test_published_experiments_compose_with_their_expected_result(name: str) -> None:
     model, rest = next((m, name[len(m) + 1 :]) for m in MODELS if name.startswith(m + "_"))

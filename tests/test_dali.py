@@ -15,6 +15,7 @@ from torchvision.datasets import ImageFolder
 from imgcls.data.backends import make_backend
 from imgcls.data.dali.file_list import FileList
 from imgcls.errors import ConfigError
+from tests import warm_python
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, sample_photos, tiny_overrides
 
 pytest.importorskip("nvidia.dali")
@@ -39,6 +40,7 @@ def epoch(loader) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(images), torch.cat(labels)
 
 
+@pytest.mark.slow
 def test_backend_choice_errors(folder: Path) -> None:
     with pytest.raises(ConfigError, match="data.backend=dali_fast is not a known backend; allowed: dali_cpu"):
         make_backend(data_cfg(folder, "data.backend=dali_fast"))
@@ -56,6 +58,7 @@ def test_backend_choice_errors(folder: Path) -> None:
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_labels_identical_to_imagefolder(tmp_path: Path) -> None:
     # Class names whose sorted order is not the creation order (uppercase sorts first, "a10" < "a2").
     root = tmp_path / "data"
@@ -85,6 +88,7 @@ def _photos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return sample_photos(tmp_path_factory.mktemp("photos"), 16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFactory, interpolation: str) -> None:
     """Same photos, same geometry: resize shorter side to 256, centre crop 224, normalize.
@@ -122,6 +126,7 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     assert diff.flatten().kthvalue(int(0.999 * diff.numel())).values < 0.035
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resize", ["torch", "dali"])
 def test_train_crops_respect_area_and_aspect(tmp_path: Path, resize: str) -> None:
     root = make_image_folder(tmp_path / "big", classes=1, train_per_class=2, val_per_class=1, size=(400, 300))
@@ -153,6 +158,7 @@ def _photo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_host_resize_matches_dali_resize(tmp_path_factory: pytest.TempPathFactory) -> None:
     """dali_train_resize=torch (the dali_cpu default) trains on the same pixels as NVIDIA's fn.resize.
 
@@ -272,6 +278,7 @@ def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> Non
     assert all(any(torch.equal(image, other) for other in images) for image in kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split,resize", [("val", "dali"), ("train", "dali"), ("train", "torch")])
 def test_channels_last_and_fp16_outputs(folder: Path, split: str, resize: str) -> None:
     extra = f"data.dali_train_resize={resize}"
@@ -288,6 +295,7 @@ def test_channels_last_and_fp16_outputs(folder: Path, split: str, resize: str) -
     assert torch.allclose(y.float(), x, atol=0.02)  # same seed: the same crops, flips and pixels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("augment", ["autoaugment", "randaugment"])
 def test_auto_augment_policies_run_on_cpu(folder: Path, augment: str) -> None:
     cfg = data_cfg(folder, f"recipe.augment={augment}", "data.hflip=0")
@@ -303,6 +311,7 @@ def test_dali_gpu_matches_dali_cpu_on_val(folder: Path) -> None:
     assert (gpu_x.cpu() - cpu_x).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo: small decode differences
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resize", ["torch", "dali"])
 def test_one_epoch_train_and_val(folder: Path, tmp_path: Path, resize: str) -> None:
     import imgcls.train
@@ -331,6 +340,7 @@ def ddp_run(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_ddp_ranks_read_distinct_parts(ddp_run: Path) -> None:
     trace = ddp_run / "trace"
     train = [set(map(int, (trace / f"train_rank{r}_epoch0.txt").read_text().split())) for r in range(2)]
@@ -340,6 +350,7 @@ def test_ddp_ranks_read_distinct_parts(ddp_run: Path) -> None:
     assert read_report(ddp_run)["epochs"][0]["step"] == 3  # 12 images a rank / batch 4
 
 
+@pytest.mark.slow
 def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) -> None:
     """The 2-process run validated its final weights on uneven parts (10 + 11 images); evaluating the
     same weights (last.ckpt, saved after that validation) in one process must give the same numbers."""
@@ -356,15 +367,13 @@ def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) 
     assert one["val.loss"] == pytest.approx(two["val.loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     """DALI's loader keeps no position (docs/reliability.md): a run stopped mid-epoch (SIGTERM saves
     last.ckpt at the next optimizer step) resumes at the saved step and finishes that epoch with the
     remaining number of batches, drawn from a fresh pass over the rank's part. Step counts, the LR
     schedule and the later epochs are the same as in an uninterrupted run."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     from tests.conftest import ROOT
@@ -378,11 +387,7 @@ def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     assert full.returncode == 0, full.stderr[-2000:]
 
     run_dir = tmp_path / "split"
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = warm_python.start([ROOT / "train.py", *args, f"hydra.run.dir={run_dir}"], env={"WANDB_MODE": "offline"})
     last = run_dir / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -455,6 +460,7 @@ def test_background_resize_error_reaches_the_consumer(folder: Path, monkeypatch:
     assert len(labels) == 24 and sorted(labels.tolist()) == sorted(ImageFolder(str(folder / "train")).targets)
 
 
+@pytest.mark.slow
 def test_background_resize_keeps_traces_early_stops_and_ends_its_thread(folder: Path, tmp_path: Path) -> None:
     import gc
     import threading
@@ -512,6 +518,7 @@ def _consume_holding_one(loader, wait: float, epochs: int = 2, stop_at_overwrite
     return overwritten, buffers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
 def test_host_resize_ring_keeps_the_batch_in_use_and_bounds_memory(folder: Path, prefetch: int) -> None:
     """The torch resize writes into a ring of loader.ring_slots(prefetch) buffers: over two epochs (6 batches

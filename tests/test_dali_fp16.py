@@ -23,6 +23,7 @@ def dali_fp16(folder: Path, precision: str, *extra: str) -> list[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_fp32_run_with_dali_fp16_is_refused_in_one_line(image_folder: Path, tmp_path: Path) -> None:
     result = run_cli("train.py", *dali_fp16(image_folder, "fp32"), f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2, result.stderr[-2000:]
@@ -39,6 +40,7 @@ def test_tf32_refused_too(image_folder: Path) -> None:
         check_config(compose_config(dali_fp16(image_folder, "tf32")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "amp"])
 def test_autocast_runs_train_on_half_images(image_folder: Path, tmp_path: Path, precision: str) -> None:
     """amp on a CPU: real fp16 autocast with GradScaler("cpu") (precision.cpu_fp16)."""

@@ -66,6 +66,7 @@ def by_content(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor
     return images[order], labels[order]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_val_from_shards_matches_the_folder(folder: Path, shards: dict[str, Path], tmp_path: Path, fmt: str) -> None:
     reference = by_content(*epoch(backend_for(folder, tmp_path).loader("val", 4, 0, 1, seed=0)))
@@ -90,6 +91,7 @@ def _traces(trace: Path, rank: int, epoch: int) -> list[str]:
 # read twice in one epoch, others never) until the loader ran out the reader's epoch itself.
 # resize: debug=tiny's 32 px train crops resize in DALI (auto); "torch" takes dali_cpu's ImageNet path (the
 # ragged iterator and the background torch resize, data/dali/host_resize.py).
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fmt,batch,steps,resize",
     [(fmt, batch, steps, "auto") for fmt in (*FORMATS, "folder") for batch, steps in ((3, 5), (4, 4))]
@@ -120,6 +122,7 @@ def test_train_over_two_ranks(
     assert len(seen) == 33
 
 
+@pytest.mark.slow
 def test_tfrecord_label_base(folder: Path, shards: dict[str, Path], tmp_path: Path) -> None:
     # The converter writes TF1's labels 1..N (manifest label_base 1). TF1 build_imagenet_data.py's own
     # folders have no manifest: label_base auto is 1 for TFRecords, and data.num_classes names the classes.
@@ -136,6 +139,7 @@ def test_tfrecord_label_base(folder: Path, shards: dict[str, Path], tmp_path: Pa
     assert "\n" not in str(info.value) and "validation-0000" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_bad_record_skipped_or_stops_naming_the_shard(folder: Path, tmp_path: Path, fmt: str) -> None:
     # class_1/003.jpg truncated, in val (record 10 of 21: the second val shard) and in train.
@@ -209,6 +213,7 @@ def s3_root(shards: dict[str, Path]) -> Iterator[tuple[str, dict[str, str]]]:
     server.stop()
 
 
+@pytest.mark.slow
 def test_s3_shards_are_read_from_the_local_cache(
     folder: Path, s3_root: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -45,6 +45,7 @@ def demo_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 # --- the demo dataset -------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["folder", "file"])
 def test_demo_on_the_users_files_refuses_and_touches_nothing(tmp_path: Path, target: str) -> None:
     """`train.py experiment=demo data.root=DIR` on a folder of the user's files deleted it (exit 0); on a file
@@ -58,6 +59,7 @@ def test_demo_on_the_users_files_refuses_and_touches_nothing(tmp_path: Path, tar
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "run"]  # no staging folder left anywhere
 
 
+@pytest.mark.slow
 def test_demo_fills_an_empty_folder_and_trains(tmp_path: Path) -> None:
     root = tmp_path / "empty"
     root.mkdir()
@@ -84,6 +86,7 @@ def _ensure(root: str) -> str:
     return str(demo.ensure_demo_dataset(root))
 
 
+@pytest.mark.slow
 def test_concurrent_callers_share_one_complete_demo(tmp_path: Path) -> None:
     """Several ranks start at once on a missing root: all get the same complete dataset, no staging remains."""
     root = tmp_path / "cache" / "digits"
@@ -94,6 +97,7 @@ def test_concurrent_callers_share_one_complete_demo(tmp_path: Path) -> None:
     assert [p.name for p in root.parent.iterdir()] == ["digits"]
 
 
+@pytest.mark.slow
 def test_users_files_that_appear_while_the_demo_is_written_survive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,6 +173,7 @@ def export_to(ckpt: Path, *overrides: str) -> dict:
     return export(compose_config([f"ckpt={ckpt}", *overrides], config_name="export"))
 
 
+@pytest.mark.slow
 def test_export_never_replaces_a_users_file_at_its_default_path(checkpoint: Path, tmp_path: Path) -> None:
     """Without output=, the export goes beside the checkpoint: it replaced a user's model.onnx there."""
     home = users_files(tmp_path / "home")
@@ -180,6 +185,7 @@ def test_export_never_replaces_a_users_file_at_its_default_path(checkpoint: Path
     assert snapshot(home) == before
 
 
+@pytest.mark.slow
 def test_export_onto_a_users_folder_is_one_line(checkpoint: Path, tmp_path: Path) -> None:
     home = users_files(tmp_path / "home")
     before = snapshot(tmp_path)
@@ -188,6 +194,7 @@ def test_export_onto_a_users_folder_is_one_line(checkpoint: Path, tmp_path: Path
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_export_writes_only_its_output(checkpoint: Path, tmp_path: Path) -> None:
     home = users_files(tmp_path / "home")
     before = snapshot(home)
@@ -199,6 +206,7 @@ def test_export_writes_only_its_output(checkpoint: Path, tmp_path: Path) -> None
 
 
 # --- charts -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_plot_never_replaces_a_users_picture_of_the_same_name(tmp_path: Path) -> None:
     """The chart names (loss.png, ...) are imgcls's choice; --out (./plots for several runs) may hold the user's."""
     from tests.test_plot import fake_run, plot

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from imgcls.train import run
 from tests.conftest import compose_config, read_report
 
@@ -15,6 +17,7 @@ def test_tiny_is_a_small_cpu_run_and_the_command_line_still_wins(image_folder: P
     assert cfg.precision.name == "bf16"  # a choice on the command line beats the debug config's
 
 
+@pytest.mark.slow
 def test_overfit_drives_the_loss_of_two_batches_down(image_folder: Path, tmp_path: Path) -> None:
     run(compose_config(["debug=overfit", f"data.root={image_folder}"], run_dir=tmp_path))
     losses = [row["train.loss"] for row in read_report(tmp_path)["epochs"]]

@@ -20,6 +20,7 @@ import torch
 
 from imgcls.rundir import QUIET_RANK_OVERRIDES, launch_overrides
 from imgcls.train import run
+from tests import warm_python
 from tests.conftest import ROOT, compose_config, make_image_folder, read_report, tiny_overrides
 
 TIMEOUT = 900  # generous: the machine's cores are shared with other test runs
@@ -86,10 +87,8 @@ def only_run_dir(cwd: Path) -> Path:
 def lightning_ddp(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """`python train.py trainer.devices=2`: Lightning starts rank 1 itself (no hydra.run.dir given)."""
     cwd = tmp_path_factory.mktemp("lightning")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *deterministic(folder, *TWO_PROCESSES, "trainer.devices=2")],
-        cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+    result = warm_python.run([ROOT / "train.py", *deterministic(folder, *TWO_PROCESSES, "trainer.devices=2")],
+                             cwd=cwd, base_env=clean_env(), timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     return only_run_dir(cwd), result.stdout + result.stderr
 
@@ -121,6 +120,7 @@ def torchrun_two_nodes(folder: Path, tmp_path_factory: pytest.TempPathFactory) -
     return cwd, outputs
 
 
+@pytest.mark.slow
 def test_srun_tasks_share_the_job_id_run_dir(folder: Path, tmp_path: Path) -> None:
     """Two processes with the environment `srun --ntasks-per-node=2` gives its tasks: Lightning's
     SLURMEnvironment makes them the DDP ranks, and both use outputs/train/<SLURM_JOB_ID>."""
@@ -131,15 +131,12 @@ def test_srun_tasks_share_the_job_id_run_dir(folder: Path, tmp_path: Path) -> No
     }  # fmt: skip
     args = tiny_overrides(folder, "recipe.epochs=1", "data.batch_size=4", "trainer.devices=2")
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *args],
-            cwd=tmp_path, env={**clean_env(), **slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        warm_python.start([ROOT / "train.py", *args], cwd=tmp_path, base_env=clean_env(),
+                          env={**slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)})
         for k in range(2)
     ]
     try:
-        outputs = [proc.communicate(timeout=TIMEOUT)[0] for proc in procs]
+        outputs = ["".join(proc.communicate(timeout=TIMEOUT)) for proc in procs]
     finally:
         for proc in procs:
             proc.kill() if proc.poll() is None else None
@@ -171,6 +168,7 @@ def assert_same_training(two: Path, one: Path) -> None:
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-4, atol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 def test_lightning_ddp_equals_one_process(lightning_ddp: tuple[Path, str], reference: Path) -> None:
     """2 processes x 4 per device trace the same loss curve and end at the same weights as
     1 process x 8: the ranks' parts, gradient averaging and accumulation agree."""
@@ -179,6 +177,7 @@ def test_lightning_ddp_equals_one_process(lightning_ddp: tuple[Path, str], refer
     assert max(losses(reference)) - min(losses(reference)) > 1e-3
 
 
+@pytest.mark.slow
 def test_torchrun_two_nodes_share_one_run_dir_and_equal_one_process(
     torchrun_two_nodes: tuple[Path, list[str]], reference: Path
 ) -> None:
@@ -192,6 +191,7 @@ def test_torchrun_two_nodes_share_one_run_dir_and_equal_one_process(
     assert "global rank 0 of 2: seed 12345" in log and "global rank 1" not in log
 
 
+@pytest.mark.slow
 def test_seed_differs_per_global_rank(torchrun_two_nodes: tuple[Path, list[str]]) -> None:
     """Rank 1 is the only process of node 1 (local rank 0 there): NVIDIA's local-rank seeding would give
     it rank 0's seed."""
@@ -199,6 +199,7 @@ def test_seed_differs_per_global_rank(torchrun_two_nodes: tuple[Path, list[str]]
     assert "global rank 0 of 2: seed 12345" in text and "global rank 1 of 2: seed 12346" in text
 
 
+@pytest.mark.slow
 def test_validation_exact_across_process_counts(lightning_ddp: tuple[Path, str], folder: Path, tmp_path: Path) -> None:
     """The 2-process run validated its last weights on unpadded parts of 11 + 10 images; one process
     evaluating the same checkpoint must get identical numbers (padding would count 1 image twice)."""
@@ -216,6 +217,7 @@ def test_validation_exact_across_process_counts(lightning_ddp: tuple[Path, str],
     assert one["val.loss"] == pytest.approx(two["val.loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_lightning_launcher_children_stay_out_of_hydra_files(lightning_ddp: tuple[Path, str]) -> None:
     run_dir, output = lightning_ddp
     assert "global rank 1 of 2: seed 12346" in output  # rank 1 ran and logged to its console
@@ -223,6 +225,7 @@ def test_lightning_launcher_children_stay_out_of_hydra_files(lightning_ddp: tupl
     assert len(list(run_dir.rglob("config.yaml"))) == 2  # RUN_DIR/config.yaml and .hydra/config.yaml
 
 
+@pytest.mark.slow
 def test_cpu_runs_are_bitwise_reproducible(reference: Path, folder: Path, tmp_path: Path) -> None:
     run(compose_config(deterministic(folder, "data.batch_size=8"), run_dir=tmp_path))
     assert losses(tmp_path) == losses(reference)  # exact, not approx
@@ -232,6 +235,7 @@ def test_cpu_runs_are_bitwise_reproducible(reference: Path, folder: Path, tmp_pa
     assert len(rows) == EPOCHS  # one row per optimizer step (log_every_n_steps=1)
 
 
+@pytest.mark.slow
 def test_augmenting_runs_are_bitwise_reproducible_and_seed_sensitive(folder: Path, tmp_path: Path) -> None:
     """With random crops, flips and mixup on: the same seed gives the same run, another seed another."""
     args = tiny_overrides(folder, "recipe.epochs=1", "recipe.mixup=0.2", "trainer.log_every_n_steps=1")
@@ -241,6 +245,7 @@ def test_augmenting_runs_are_bitwise_reproducible_and_seed_sensitive(folder: Pat
     assert curve["a"] == curve["b"] and curve["a"] != curve["c"]
 
 
+@pytest.mark.slow
 def test_sync_batchnorm_on_cpu_ddp_is_refused_in_one_line(folder: Path, tmp_path: Path) -> None:
     from imgcls.errors import ConfigError
 
@@ -301,6 +306,7 @@ def test_torchrun_without_an_id_fails_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights(folder: Path, tmp_path: Path) -> None:
     """2 processes with random crops, flips and mixup, stopped inside an epoch (trainer.max_steps=4 of 12)
     and resumed with ckpt_path=last: the same final weights, bitwise, as the run that was not stopped.
@@ -312,10 +318,8 @@ def test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights(folder: Path, tm
     )  # fmt: skip
 
     def train(run_dir: Path, *extra: str) -> None:
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}", *extra],
-            cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
-        )  # fmt: skip
+        result = warm_python.run([ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", *extra],
+                                 base_env=clean_env(), timeout=TIMEOUT)
         assert result.returncode == 0, result.stderr[-3000:]
 
     train(tmp_path / "ref")

@@ -37,6 +37,7 @@ def assert_one_line_error(result, *fragments: str) -> None:
         assert fragment in errors[0], errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override,allowed",
     [
@@ -52,6 +53,7 @@ def test_unknown_group_choice(override: str, allowed: str) -> None:
     assert_one_line_error(result, override, "allowed:", allowed)
 
 
+@pytest.mark.slow
 def test_a_bad_value_ends_before_torch_is_imported(tmp_path: Path) -> None:
     """The commands import torch, timm and Lightning only for a config that passed its checks: a bad value costs
     ~0.6 s of CPU instead of ~7 s (imgcls.cli). Was: imgcls.cli imported every command's module first."""
@@ -67,6 +69,7 @@ def test_a_bad_value_ends_before_torch_is_imported(tmp_path: Path) -> None:
     assert "imgcls: error: recipe.epochs=0 must be a positive integer" in result.stderr
 
 
+@pytest.mark.slow
 def test_unknown_choice_inside_a_sweep() -> None:
     assert_one_line_error(run_cli("train.py", "-m", "model=resnet50,resnet5O"), "model=resnet5O")
 
@@ -141,6 +144,7 @@ def test_unknown_backend(capsys: pytest.CaptureFixture, tmp_path: Path, folder: 
     assert_one_line_error(result, "data.backend=ffcv", "torchvision")
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_of_another_architecture(
     capsys: pytest.CaptureFixture, tmp_path: Path, folder: Path
 ) -> None:

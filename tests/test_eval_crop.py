@@ -42,6 +42,7 @@ def test_without_padding_the_crop_ratio_applies() -> None:
     assert data.val_crop_padding is None and _resize_of(val_transform(data)) == 434
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["resnet50_dgxa100_amp_90e", "efficientnet_b4_dgxa100_amp_400e"])
 def test_dali_val_pipeline_resizes_like_torchvision(
     experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -62,6 +62,7 @@ def _evaluate(tmp_path: Path, *overrides: str) -> dict[str, float]:
     return evaluate(cfg)
 
 
+@pytest.mark.slow
 def test_evaluate_equals_the_validation_training_logged(trained: Path, tmp_path: Path) -> None:
     last_row = read_report(trained)["epochs"][-1]
     metrics = _evaluate(tmp_path, f"ckpt={trained / 'checkpoints' / 'last.ckpt'}")
@@ -75,6 +76,7 @@ def test_evaluate_equals_the_validation_training_logged(trained: Path, tmp_path:
     assert written["val.total_ips"] > 0 and written["weights"] == "raw" and written["model"] == "resnet18"
 
 
+@pytest.mark.slow
 def test_use_ema_evaluates_the_ema_weights(trained: Path, tmp_path: Path) -> None:
     last_row = read_report(trained)["epochs"][-1]
     assert last_row["val_ema.loss"] != last_row["val.loss"]  # otherwise this test could not tell them apart
@@ -83,6 +85,7 @@ def test_use_ema_evaluates_the_ema_weights(trained: Path, tmp_path: Path) -> Non
     assert metrics["val.loss"] == pytest.approx(last_row["val_ema.loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_weights_export_and_plain_state_dict_evaluate_like_the_checkpoint(
     trained: Path, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -117,6 +120,7 @@ def test_no_ckpt_or_not_a_checkpoint_is_an_error(tmp_path: Path) -> None:
         _evaluate(tmp_path, f"ckpt={tmp_path / 'other.pt'}", "data.root=/nonexistent")
 
 
+@pytest.mark.slow
 def test_a_state_dict_of_another_architecture_lists_the_keys(trained: Path, tmp_path: Path) -> None:
     import torchvision
 
@@ -140,6 +144,7 @@ def cli_errors(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, needles",
     [

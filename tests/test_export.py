@@ -48,6 +48,7 @@ def _batch(paths: list[Path], preprocessing: dict) -> torch.Tensor:
     return torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
 
 
+@pytest.mark.slow
 def test_onnx_export_runs_in_onnxruntime_like_pytorch(trained: Path, photos: list[Path], tmp_path: Path) -> None:
     import onnxruntime as ort
 
@@ -67,6 +68,7 @@ def test_onnx_export_runs_in_onnxruntime_like_pytorch(trained: Path, photos: lis
     assert session.get_modelmeta().custom_metadata_map and meta["preprocessing"]["val_crop_pct"] == 0.875
 
 
+@pytest.mark.slow
 def test_torchscript_export_matches(trained: Path, photos: list[Path], tmp_path: Path) -> None:
     ckpt = trained / "checkpoints" / "last.ckpt"
     _export(ckpt, tmp_path / "model.ts", "format=torchscript")
@@ -79,6 +81,7 @@ def test_torchscript_export_matches(trained: Path, photos: list[Path], tmp_path:
     assert json.loads(extra["imgcls.json"])["arch"] == "resnet18"
 
 
+@pytest.mark.slow
 def test_weights_export_with_ema_and_model_weights(trained: Path, tmp_path: Path) -> None:
     ckpt = trained / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
@@ -99,6 +102,7 @@ def test_weights_export_with_ema_and_model_weights(trained: Path, tmp_path: Path
     assert torch.equal(net.state_dict()["fc.weight"], ema["state_dict"]["fc.weight"])
 
 
+@pytest.mark.slow
 def test_torchvision_resnet50_state_dict_loads_into_timm_resnet50(tmp_path: Path) -> None:
     import torchvision
 
@@ -132,6 +136,7 @@ def test_torchvision_efficientnet_is_a_clear_error(tmp_path: Path) -> None:
         build_network(cfg, 1000)
 
 
+@pytest.mark.slow
 def test_export_errors(trained: Path, tmp_path: Path) -> None:
     raw = tmp_path / "raw.pt"
     _export(trained / "checkpoints" / "last.ckpt", raw)
@@ -153,6 +158,7 @@ def cli(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, su
     )
 
 
+@pytest.mark.slow
 def test_export_cli(cli: dict) -> None:
     assert_one_line_error(cli["bad_format"], "format=tflite is not allowed")
     ok = cli["ok"]

@@ -48,6 +48,7 @@ def _preprocess(path: Path, resize: int, size: int, mean: list[float], std: list
     return ((array - np.array(mean, np.float32)) / np.array(std, np.float32)).transpose(2, 0, 1)
 
 
+@pytest.mark.slow
 def test_triton_repository_parses_and_serves_jpegs_like_pytorch(
     trained: Path, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -110,6 +111,7 @@ def test_triton_repository_parses_and_serves_jpegs_like_pytorch(
         check_repository(model_dir)
 
 
+@pytest.mark.slow
 def test_fp16_is_a_tensorrt_setting_and_the_engine_build_skips_without_cuda(
     trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -130,6 +132,7 @@ def test_fp16_is_a_tensorrt_setting_and_the_engine_build_skips_without_cuda(
     assert "--maxShapes=images:128x3x32x32 --fp16" in notes[0]
 
 
+@pytest.mark.slow
 def test_triton_user_mistakes_are_one_line_errors(trained: Path, tmp_path: Path) -> None:
     ckpt = trained / "checkpoints" / "last.ckpt"
     taken = tmp_path / "repo" / "mine"
@@ -158,6 +161,7 @@ def test_triton_user_mistakes_are_one_line_errors(trained: Path, tmp_path: Path)
         _export(ckpt, tmp_path / "file")
 
 
+@pytest.mark.slow
 def test_a_folder_filled_during_the_export_is_left_alone_with_one_line(trained: Path, tmp_path: Path) -> None:
     """Another export (or a user) fills the target between the emptiness check and the rename: the rename must
     not replace it, and the error is one StorageError line, not an OSError traceback. The filling happens inside

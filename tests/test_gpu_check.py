@@ -19,6 +19,7 @@ from imgcls.trainer import check_trainer_args
 from tests.conftest import ROOT, compose_config, tiny_overrides
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
 def test_cpu_machine_says_so_in_one_line_and_exits_0(tmp_path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
@@ -39,6 +40,7 @@ def planned(capsys: pytest.CaptureFixture, *args: str) -> dict[str, list[str]]:
     return {path: shlex.split(command) for path, command in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hardware", ["dgxa100", "dgx1v"])
 def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: str) -> None:
     plan = planned(capsys, "--gpus", "8", "--hardware", hardware, "--data", "/data/imagenet")
@@ -74,6 +76,7 @@ def test_multi_gpu_paths_are_skipped_not_failed_on_one_gpu() -> None:
         assert row["status"] == "skipped" and row["note"] == "needs 2 GPUs, 1 visible"
 
 
+@pytest.mark.slow
 def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> None:
     """The execution half on CPU: the amp+GradScaler check as a real train.py subprocess (fp16 autocast with
     GradScaler("cpu") stands in for CUDA), its row read from the run's report.json."""

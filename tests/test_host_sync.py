@@ -86,6 +86,7 @@ def count_syncs(monkeypatch: pytest.MonkeyPatch, counter: SyncCounter) -> None:
     monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bar", ["none", "rich"])  # rich: the default progress bar
 def test_default_training_loop_syncs_at_most_once_per_k_steps(
     bar: str, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

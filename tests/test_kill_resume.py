@@ -3,11 +3,9 @@ ckpt_path=last, and end with the same weights as an uninterrupted run: bitwise, 
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 from imgcls.checkpoint import check_resumable
+from tests import warm_python
 from tests.conftest import ROOT, make_image_folder, read_report, run_cli, tiny_overrides
 
 KILLS = 5  # kills 1 and 4 land while a checkpoint is being written
@@ -27,10 +26,8 @@ def args(data: Path, run_dir: Path, *extra: str) -> list[str]:
             f"hydra.run.dir={run_dir}", *extra]
 
 
-def start(argv: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def start(argv: list[str]) -> warm_python.WarmProcess:
+    return warm_python.start([ROOT / "train.py", *argv], env={"WANDB_MODE": "offline"})
 
 
 def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> bool:
@@ -95,6 +92,7 @@ def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path:
     assert len(list(run_dir.glob("**/metrics.csv"))) == 1
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_with_dataloader_workers_is_bitwise_exact(tmp_path: Path) -> None:
     """Each image's augmentation is seeded by (seed, epoch, index) (seeding.sample_seed), so a run stopped
     mid-epoch and resumed with 2 DataLoader worker processes ends with the same weights as one that was

@@ -41,12 +41,14 @@ PUBLISHED_PARAMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,params", PUBLISHED_PARAMS.items())
 def test_parameter_count_matches_published(model: str, params: int) -> None:
     net = build_network(compose_config([f"model={model}"]).model, num_classes=1000)
     assert count_parameters(net) == params
 
 
+@pytest.mark.slow
 def test_se_resnext_se_width_16_is_nvidia_pytorch_network() -> None:
     """NVIDIA's PyTorch SE-ResNeXt101-32x4d squeezes every block to 16 channels (45,251,128 parameters, as
     NVIDIA's network has), applied to the output of bn3 before the residual add, as NVIDIA's Bottleneck does."""
@@ -59,6 +61,7 @@ def test_se_resnext_se_width_16_is_nvidia_pytorch_network() -> None:
     assert default.layer3[22].se.fc1.out_channels == 1024 // 16  # C/16, the paper's and TF1's
 
 
+@pytest.mark.slow
 def test_pytorch_se_resnext_experiments_train_nvidias_network() -> None:
     """The experiments carrying NVIDIA's PyTorch SE-ResNeXt top-1 build the network that top-1 was measured
     with (SE width 16); the model's own default stays the paper's C/16."""
@@ -125,6 +128,7 @@ def test_resnet50_is_v1_5() -> None:
 
 
 # NVIDIA's legacy --model-config names are aliases: classic/grp-fanout = fan_out, fanin/grp-fanin = fan_in.
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fan_in", "fan_out", "classic", "fanin", "grp-fanin", "grp-fanout"])
 def test_kaiming_conv_init(mode: str) -> None:
     torch.manual_seed(0)
@@ -152,6 +156,7 @@ def test_efficientnet_batchnorm_and_dropout_as_published() -> None:
     assert drop_paths and max(drop_paths) == pytest.approx(0.2, abs=0.01)
 
 
+@pytest.mark.slow
 def test_weights_file_initializes_and_replaces_a_head_of_another_size(tmp_path: Path) -> None:
     source = build_network(model_cfg(), num_classes=1000)
     path = tmp_path / "rn50.pt"
@@ -214,6 +219,7 @@ class _Payload:
         return (Path.touch, (self.marker,))
 
 
+@pytest.mark.slow
 def test_weights_files_are_never_unpickled_with_code(tmp_path: Path) -> None:
     from imgcls.checkpoint import check_resumable
     from imgcls.models.weights import read_torch_file

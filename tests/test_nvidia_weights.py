@@ -94,6 +94,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,layout,wrapper,trt", CASES)
 def test_model_weights_give_nvidias_logits(
     arch: str, layout: str, wrapper: bool, trt: bool, images: torch.Tensor, tmp_path: Path
@@ -104,6 +105,7 @@ def test_model_weights_give_nvidias_logits(
     assert max_logit_difference(net, reference, images) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_classify_reads_an_ngc_file_given_its_model(image_folder: Path, tmp_path: Path) -> None:
     """`python -m imgcls.classify ckpt=NGC_FILE model=efficientnet_b0 images=[...]`: NVIDIA's probabilities."""
     from imgcls.classify import run as classify_run
@@ -128,6 +130,7 @@ def test_classify_reads_an_ngc_file_given_its_model(image_folder: Path, tmp_path
         assert top[0]["class"] == wnids[int(expected.argmax())]
 
 
+@pytest.mark.slow
 def test_evaluate_reads_an_nvidia_main_py_checkpoint(image_folder: Path, tmp_path: Path) -> None:
     """`python evaluate.py ckpt=checkpoint.pth.tar model=efficientnet_b0 data.root=DIR`: a main.py checkpoint
     (`state_dict` wrapper, `module.` keys, --trt SE) of a 3-class network, as NVIDIA's code trains on a
@@ -161,6 +164,7 @@ def test_evaluate_reads_an_nvidia_main_py_checkpoint(image_folder: Path, tmp_pat
     assert metrics["val.loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_file_of_no_known_layout_names_the_closest_and_its_missing_keys(tmp_path: Path) -> None:
     state = nvidia_reference.build("resnet50").state_dict()
     for key in ("layers.3.2.conv3.weight", "layers.3.2.bn3.weight"):
@@ -175,6 +179,7 @@ def test_a_file_of_no_known_layout_names_the_closest_and_its_missing_keys(tmp_pa
     assert "2 missing" in message and "layer4.2.conv3.weight" in message and "layer4.2.bn3.weight" in message
 
 
+@pytest.mark.slow
 def test_nvidias_se_resnext_without_se_width_16_is_named_and_refused(tmp_path: Path) -> None:
     """The NGC SE-ResNeXt file into imgcls's default C/16 network: one line naming NVIDIA's 20.06 layout (its
     SE tensors have another shape, every name is known) and the key that builds NVIDIA's network."""
@@ -187,6 +192,7 @@ def test_nvidias_se_resnext_without_se_width_16_is_named_and_refused(tmp_path: P
     assert "closest key layout: NVIDIA ResNet, NGC 20.06" in message and "model.se_width=16" in message
 
 
+@pytest.mark.slow
 def test_classify_and_evaluate_name_nvidias_layout_of_a_file_that_does_not_fit(tmp_path: Path) -> None:
     """A widese-B0 NGC file given model=efficientnet_b0 (the plain-state_dict path of classify and evaluate)."""
     from imgcls.config import model_config
@@ -198,6 +204,7 @@ def test_classify_and_evaluate_name_nvidias_layout_of_a_file_that_does_not_fit(t
         load_trained(path, model_cfg=model_cfg)
 
 
+@pytest.mark.slow
 def test_an_ngc_file_of_another_network_is_refused(tmp_path: Path) -> None:
     """An NGC EfficientNet file given model=resnet50: one line naming what does not fit, nothing loaded."""
     path = nvidia_file(tmp_path / "se.pth", nvidia_reference.build("efficientnet-b0"), "old", wrapper=False)

@@ -11,6 +11,7 @@ from imgcls.plan import describe
 from tests.conftest import compose_config, run_cli
 
 
+@pytest.mark.slow
 def test_plan_of_an_8_gpu_experiment_prints_on_a_cpu_machine(tmp_path: Path) -> None:
     result = run_cli("train.py", "mode=plan", "experiment=resnet50_dgxa100_amp_90e", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
@@ -25,6 +26,7 @@ def test_plan_of_an_8_gpu_experiment_prints_on_a_cpu_machine(tmp_path: Path) -> 
 
 
 # demo: its digits are written at its first run, so its plan has no step counts before that.
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", [e for e in options("experiment") if e != "demo"])
 def test_every_experiment_has_a_plan(experiment: str) -> None:
     plan = describe(compose_config([f"experiment={experiment}"]))

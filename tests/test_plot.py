@@ -9,6 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 from PIL import Image
 
 from imgcls.plot import CHARTS, draw_chart
@@ -38,6 +39,7 @@ def has_colour(png: Path, rgb: tuple[int, int, int]) -> bool:
     return bool((np.abs(pixels - rgb).sum(axis=1) < 30).any())
 
 
+@pytest.mark.slow
 def test_several_runs_are_overlaid(tmp_path: Path) -> None:
     a, b = fake_run(tmp_path / "a", 2.0), fake_run(tmp_path / "b", 3.0)
     result = plot(str(a), str(b), "--out", str(tmp_path / "cmp"))
@@ -48,6 +50,7 @@ def test_several_runs_are_overlaid(tmp_path: Path) -> None:
         assert has_colour(png, MATPLOTLIB_BLUE) and has_colour(png, MATPLOTLIB_ORANGE), name  # both runs drawn
 
 
+@pytest.mark.slow
 def test_one_run_plots_into_its_dir(tmp_path: Path) -> None:
     a = fake_run(tmp_path / "a", 2.0)
     result = plot(str(a))
@@ -56,6 +59,7 @@ def test_one_run_plots_into_its_dir(tmp_path: Path) -> None:
     assert not has_colour(a / "plots" / "loss.png", MATPLOTLIB_ORANGE)  # one run: one colour
 
 
+@pytest.mark.slow
 def test_a_dir_without_report_is_one_line_error(tmp_path: Path) -> None:
     result = plot(str(tmp_path))
     assert result.returncode == 2

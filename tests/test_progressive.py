@@ -38,6 +38,7 @@ def test_tf2_stages_and_augment_ramp() -> None:
     assert stages.final_size == 300
 
 
+@pytest.mark.slow
 def test_config_errors_and_policy_strings(folder: Path) -> None:
     def data(*extra: str):
         return compose_config(tiny_overrides(folder, "data.progressive.enabled=true", *extra)).data
@@ -81,6 +82,7 @@ def test_loader_size_follows_the_epoch(folder: Path, backend: str, resize: str) 
     assert images.shape[-2:] == (48, 48)  # val at the final size
 
 
+@pytest.mark.slow
 def test_run_changes_size_at_epochs_and_resumes(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("nvidia.dali")
     import imgcls.train

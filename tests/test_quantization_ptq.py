@@ -56,6 +56,7 @@ def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
 
 
+@pytest.mark.slow
 def test_int8_model_is_qdq_with_int8_per_channel_symmetric_weights(models: dict[str, Path]) -> None:
     model = onnx.load(str(models["int8"]))
     inits = _initializers(model)
@@ -80,6 +81,7 @@ def test_int8_model_is_qdq_with_int8_per_channel_symmetric_weights(models: dict[
     assert note["activations"] == "int8 symmetric" and note["weights"] == "int8 symmetric per-channel"
 
 
+@pytest.mark.slow
 def test_uint8_activations_for_onnxruntime_cpu(models: dict[str, Path], image_folder: Path, tmp_path: Path) -> None:
     """calibration.activations=uint8: asymmetric uint8 activations (ORT CPU's fully fused kernels), int8 weights."""
     out = tmp_path / "u8.onnx"
@@ -103,6 +105,7 @@ def _images(folder: Path, preprocessing: dict) -> tuple[torch.Tensor, list[Path]
     return torch.stack([transform(Image.open(p).convert("RGB")) for p in paths]), paths
 
 
+@pytest.mark.slow
 def test_int8_predictions_agree_with_fp32(models: dict[str, Path], image_folder: Path) -> None:
     fp32, int8 = load_onnx(models["fp32"]), load_onnx(models["int8"])
     assert (fp32.precision, int8.precision) == ("fp32", "int8") and int8.classes == fp32.classes
@@ -166,6 +169,7 @@ def test_calibration_bad_images_follow_the_policy(tmp_path: Path) -> None:
         calibration_batches(_data_cfg(root, format="webdataset"), preprocessing, images=2, batch_size=2)
 
 
+@pytest.mark.slow
 def test_evaluate_an_onnx_model_like_a_checkpoint(models: dict[str, Path], trained: Path, image_folder: Path,
                                                   tmp_path: Path) -> None:  # fmt: skip
     last_row = read_report(trained)["epochs"][-1]
@@ -187,6 +191,7 @@ def test_evaluate_an_onnx_model_like_a_checkpoint(models: dict[str, Path], train
     assert json.loads((tmp_path / "int8" / "eval.json").read_text())["quantization"]["method"] == "percentile"
 
 
+@pytest.mark.slow
 def test_onnx_errors_in_evaluate(models: dict[str, Path], tmp_path: Path) -> None:
     def run(*overrides: str) -> None:
         evaluate(compose_config(list(overrides), config_name="evaluate", run_dir=tmp_path))
@@ -206,6 +211,7 @@ def test_onnx_errors_in_evaluate(models: dict[str, Path], tmp_path: Path) -> Non
         run(f"ckpt={tmp_path / 'bare.onnx'}", f"data.root={other}")
 
 
+@pytest.mark.slow
 def test_benchmark_times_onnxruntime_with_the_torch_table(models: dict[str, Path], tmp_path: Path, capsys) -> None:
     common = ["mode=benchmark", "batch_sizes=[1,4]", "benchmark.warmup=1", "benchmark.iterations=3"]
     docs = {}
@@ -223,6 +229,7 @@ def test_benchmark_times_onnxruntime_with_the_torch_table(models: dict[str, Path
     assert markdown_table(rows) in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_int8_export_errors(models: dict[str, Path], tmp_path: Path) -> None:
     def run(*overrides: str) -> None:
         export(compose_config(list(overrides), config_name="export"))
@@ -258,6 +265,7 @@ def cli(models: dict[str, Path], image_folder: Path) -> dict[str, subprocess.Com
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cli_classify_runs_the_int8_model(cli: dict, models: dict[str, Path], image_folder: Path) -> None:
     classify = cli["classify"]
     assert classify.returncode == 0, classify.stderr[-2000:]
@@ -272,5 +280,6 @@ def test_cli_classify_runs_the_int8_model(cli: dict, models: dict[str, Path], im
     assert sum(r["top"][0]["class"] == Path(r["path"]).parent.name for r in results) >= 16  # and it is right
 
 
+@pytest.mark.slow
 def test_cli_export_error_is_one_line(cli: dict) -> None:
     assert_one_line_error(cli["images0"], "calibration.images=0 must be a positive integer")

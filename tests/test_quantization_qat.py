@@ -55,6 +55,7 @@ def _val_batch(image_folder: Path, preprocessing: dict) -> torch.Tensor:
     return torch.cat(list(calibration_batches(data, preprocessing, 10_000, 64)))
 
 
+@pytest.mark.slow
 def test_qat_fine_tunes_the_trained_network_with_calibrated_quantizers(fp32_run: Path, qat_run: Path) -> None:
     blob = torch.load(qat_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert qat.STATE_KEY in blob  # what load_trained needs to rebuild the quantizers
@@ -68,6 +69,7 @@ def test_qat_fine_tunes_the_trained_network_with_calibrated_quantizers(fp32_run:
     assert 0 < change < 1e-2
 
 
+@pytest.mark.slow
 def test_qat_checkpoint_loads_exports_to_qdq_onnx_and_runs_in_onnxruntime(
     fp32_run: Path, qat_run: Path, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -112,6 +114,7 @@ def test_qat_without_trained_weights_is_one_line(image_folder: Path) -> None:
         check_config(compose_config(tiny_overrides(image_folder, "recipe=qat")))
 
 
+@pytest.mark.slow
 def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
     fp32_run: Path, qat_run: Path, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -133,6 +136,7 @@ def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
     assert all(torch.equal(ranges["one"][k], ranges["two"][k]) for k in ranges["one"])
 
 
+@pytest.mark.slow
 def test_int8_export_of_a_qat_checkpoint_requantizes_its_fine_tuned_weights_for_onnxruntime(
     qat_run: Path, image_folder: Path, tmp_path: Path
 ) -> None:

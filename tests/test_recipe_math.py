@@ -84,6 +84,7 @@ def test_lr_schedule_changes_every_step_not_every_epoch() -> None:
     assert len(set(round(x, 12) for x in lrs[10:20])) == 10
 
 
+@pytest.mark.slow
 def test_no_weight_decay_on_any_norm_parameter_or_bias() -> None:
     net = build_network(_ns(arch="resnet50", drop_rate=0.0, drop_path_rate=0.0, conv_init="fan_in",
                             zero_init_last_bn=False), num_classes=10)
@@ -154,6 +155,7 @@ def test_an_absolute_lr_overrides_the_per_256_rule() -> None:
     assert plan.lr == 1.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["step", "linear"])
 def test_training_follows_the_configured_schedule(schedule: str, image_folder: Path, tmp_path: Path) -> None:
     """recipe.schedule reaches the real training loop: 3 epochs of 6 steps at batch 8 (LR 0.008), no warmup;

@@ -20,6 +20,7 @@ from imgcls.cli import guarded
 from imgcls.data.samplers import RankSampler, ResumableDataLoader
 from imgcls.errors import StorageError
 from imgcls.train import run
+from tests import warm_python
 from tests.conftest import ROOT, compose_config, make_image_folder, run_cli, tiny_overrides
 
 
@@ -54,6 +55,7 @@ def test_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path: P
     assert torch.equal(torch.load(path)["w"], torch.ones(1000))
 
 
+@pytest.mark.slow
 def test_full_disk_while_saving_is_one_line_and_keeps_last_ckpt(data: Path, tmp_path: Path) -> None:
     argv = [*tiny_overrides(data, "recipe.epochs=2"), f"hydra.run.dir={tmp_path}"]
     assert run_cli("train.py", *argv, "trainer.max_epochs=1").returncode == 0
@@ -70,6 +72,7 @@ def test_full_disk_while_saving_is_one_line_and_keeps_last_ckpt(data: Path, tmp_
     assert sha(last) == before and not (tmp_path / "checkpoints" / "last.ckpt.tmp").exists()
 
 
+@pytest.mark.slow
 def test_unwritable_run_dir(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "file").write_text("a file, not a directory")  # root ignores chmod, so use a path under a file
     with pytest.raises(SystemExit) as exit_info:
@@ -123,6 +126,7 @@ def test_state_saved_at_epoch_end_starts_the_next_epoch() -> None:
 
 
 # --- numerical faults -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_nan_loss_stops_naming_step_and_lr_and_keeps_the_last_good_checkpoint(
     data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -140,10 +144,8 @@ def test_nan_loss_stops_naming_step_and_lr_and_keeps_the_last_good_checkpoint(
 
 
 # --- signals ----------------------------------------------------------------------------------------------
-def _start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT, text=True,
-                            env={**os.environ, "WANDB_MODE": "offline", **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _start(argv: list[str], env: dict[str, str] | None = None) -> warm_python.WarmProcess:
+    return warm_python.start([ROOT / "train.py", *argv], env={"WANDB_MODE": "offline", **(env or {})})
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -159,6 +161,7 @@ def _long_run(data: Path, run_dir: Path) -> list[str]:
             f"hydra.run.dir={run_dir}"]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_last_ckpt_and_exits_within_seconds(data: Path, tmp_path: Path) -> None:
     proc = _start(_long_run(data, tmp_path))
     last = tmp_path / "checkpoints" / "last.ckpt"
@@ -189,6 +192,7 @@ def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
     return bin_dir, calls
 
 
+@pytest.mark.slow
 def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_path: Path) -> None:
     bin_dir, calls = _fake_scontrol(tmp_path)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
@@ -204,6 +208,7 @@ def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_p
     assert torch.load(hpc, map_location="cpu", weights_only=False)["global_step"] > 0
 
 
+@pytest.mark.slow
 def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once(data: Path, tmp_path: Path) -> None:
     """Two srun-style gloo ranks; SIGUSR1 reaches rank 1 only (Lightning's handler used to save inside the
     signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere)."""
@@ -218,15 +223,14 @@ def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once
     run_dir = tmp_path / "run"
     argv = [*_long_run(data, run_dir), "data.batch_size=4", "trainer.devices=2"]
     procs = [
-        subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT, text=True,
-                         env={**clean_env(), **slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        warm_python.start([ROOT / "train.py", *argv], base_env=clean_env(),
+                          env={**slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)})
         for k in range(2)
     ]  # fmt: skip
     try:
         _wait_for_file(run_dir / "checkpoints" / "last.ckpt", procs[0])
         procs[1].send_signal(signal.SIGUSR1)
-        outputs = [proc.communicate(timeout=120)[0] for proc in procs]  # a hang fails here
+        outputs = ["".join(proc.communicate(timeout=120)) for proc in procs]  # a hang fails here
     finally:
         for proc in procs:
             proc.kill() if proc.poll() is None else None
@@ -242,6 +246,7 @@ def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once
 
 
 # --- distributed ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ddp_rank_that_fails_does_not_hang_the_other(data: Path, tmp_path: Path) -> None:
     """Rank 1 meets a real bad file (data.on_bad_image=error) in its first batch; rank 0 must not wait forever."""
     root = tmp_path / "data"

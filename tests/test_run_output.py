@@ -23,6 +23,7 @@ def finished(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     return run_dir, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_every_line_once_and_in_the_log_file(finished: tuple[Path, str]) -> None:
     run_dir, output = finished
     log_file = (run_dir / "train.log").read_text()
@@ -33,6 +34,7 @@ def test_every_line_once_and_in_the_log_file(finished: tuple[Path, str]) -> None
     assert "in eval mode at the start of training" not in output  # the EMA copy (recipe.ema_decay)
 
 
+@pytest.mark.slow
 def test_one_line_per_epoch_without_a_progress_bar(finished: tuple[Path, str]) -> None:
     run_dir, output = finished
     lines = [line for line in output.splitlines() if re.search(r"\] - epoch \d+/2 ", line)]
@@ -45,6 +47,7 @@ def test_one_line_per_epoch_without_a_progress_bar(finished: tuple[Path, str]) -
     assert lines[-1].endswith("ETA 0:00:00")
 
 
+@pytest.mark.slow
 def test_closing_summary_names_the_best_epoch_and_the_charts(finished: tuple[Path, str]) -> None:
     run_dir, output = finished
     rows = read_report(run_dir)["epochs"]
@@ -56,6 +59,7 @@ def test_closing_summary_names_the_best_epoch_and_the_charts(finished: tuple[Pat
             assert image.text.get("Software") == SOFTWARE
 
 
+@pytest.mark.slow
 def test_the_printed_commands_evaluate_and_resume_the_run(finished: tuple[Path, str]) -> None:
     run_dir, output = finished
     evaluate = shlex.split(output.split("evaluate: ", 1)[1].splitlines()[0])

@@ -5,13 +5,12 @@ out of batches: the run finishes within the timeout), and validation counts ever
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests import warm_python
 from tests.conftest import ROOT, compose_config, make_image_folder, read_report, tiny_overrides
 from tests.test_distributed import clean_env
 from tests.test_shards_torchvision import shard_folder
@@ -20,10 +19,8 @@ TIMEOUT = 300  # a hang (one rank waiting in an all-reduce for a rank without ba
 
 
 def _train(args: list[str], run_dir: Path, *extra: str) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}", *extra],
-        cwd=run_dir.parent, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+    result = warm_python.run([ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", *extra],
+                             cwd=run_dir.parent, base_env=clean_env(), timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "global rank 1 of 2" in result.stdout + result.stderr  # two processes really ran
 
@@ -43,6 +40,7 @@ def uneven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[s
     return folder, tmp, args
 
 
+@pytest.mark.slow
 def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(
     uneven: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
@@ -66,6 +64,7 @@ def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(
     assert one["val.loss"] == pytest.approx(epoch["val.loss"], rel=1e-5)  # a sample counted twice would move it
 
 
+@pytest.mark.slow
 def test_two_processes_stopped_inside_a_shard_resume_to_identical_weights_steps_and_lr(
     uneven: tuple[Path, Path, list[str]],
 ) -> None:

@@ -84,6 +84,7 @@ def test_is_remote() -> None:
     assert not any(map(remote.is_remote, ["/data/imagenet", "relative/dir", "file:///data/x", "C:/x"]))
 
 
+@pytest.mark.slow
 def test_local_copy_downloads_once_and_refreshes_a_changed_object(s3: S3, tmp_path: Path) -> None:
     key = "once/train-00000-of-00001.tar"
     first = os.urandom(300_000)
@@ -164,6 +165,7 @@ def test_list_names_and_read_text(s3: S3) -> None:
         remote.read_text(binary, s3.options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("url", "options", "expected"),
     [
@@ -321,6 +323,7 @@ def test_a_server_that_states_no_size(http_server: str, tmp_path: Path) -> None:
     assert first.stat().st_ino == inode, "without a size to compare, a copy once made is kept"
 
 
+@pytest.mark.slow
 def test_a_killed_download_leaves_no_shard(http_server: str, tmp_path: Path) -> None:
     url = f"{http_server}/shards/stall"
     code = f"from imgcls.data.shards.remote import local_copy; local_copy({url!r}, {str(tmp_path)!r}, {{}})"
@@ -421,6 +424,7 @@ class _QuietFiles(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_train_from_a_bucket_as_from_the_local_shards(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
     """train.py debug=tiny on s3://BUCKET/wds (a subprocess, S3 endpoint and keys as a MinIO user gives them),
     and in this process on the local folder it was uploaded from, side by side: the same losses and val

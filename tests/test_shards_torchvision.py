@@ -189,6 +189,7 @@ def test_worker_chunks_are_contiguous_and_the_round_robin_keeps_them_apart() -> 
 # --- through the backend ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_val_loader_yields_the_folders_images_and_labels(folder: Path, converted: Path) -> None:
     reference = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, 0)
     backend = make_backend(data_cfg(converted, "data.num_workers=2"))
@@ -200,6 +201,7 @@ def test_val_loader_yields_the_folders_images_and_labels(folder: Path, converted
     assert len({h for h, _ in one}) == 15  # and the images differ, so this compares something
 
 
+@pytest.mark.slow
 def test_train_epoch_over_two_ranks_and_two_workers(shards: Path) -> None:
     """Without random crops or flips, a train sample's tensor identifies it: across 2 ranks x 2 worker
     processes the epoch is the whole train set minus 35 - 2 * 16 = 3 samples, disjoint, 4 batches each."""
@@ -219,6 +221,7 @@ def test_train_epoch_over_two_ranks_and_two_workers(shards: Path) -> None:
     assert len(seen) == len(set(seen)) == 32
 
 
+@pytest.mark.slow
 def test_resume_after_k_batches_continues_with_the_uninterrupted_batches(shards: Path) -> None:
     """Random crops and flips on, 2 workers: the resumed loader (a new data module, as in a new process)
     yields, bitwise, the batches an uninterrupted epoch yields after the first k, from the position the data
@@ -244,6 +247,7 @@ def test_resume_after_k_batches_continues_with_the_uninterrupted_batches(shards:
     assert resumed.state_dict() == {"train_loader": {"epoch": 1, "consumed": 32}}
 
 
+@pytest.mark.slow
 def test_label_base_one_tfrecords_without_manifest(folder: Path, tmp_path: Path) -> None:
     """NVIDIA's TF1 layout: train-*/validation-* TFRecords, labels 1..N, no manifest: label_base=auto reads
     them as 0..N-1; label_base=0 gives a one-line DataError naming data.label_base, raised in the main
@@ -272,6 +276,7 @@ def with_bad_record(folder: Path, tmp_path: Path) -> tuple[Path, str]:
     return tmp_path, f"{tmp_path / 'train-00001-of-00005.tar'}:{webdataset.key_of(rel)}"
 
 
+@pytest.mark.slow
 def test_bad_record_is_skipped_and_recorded_like_a_bad_file(with_bad_record: tuple[Path, str]) -> None:
     root, where = with_bad_record
     backend = make_backend(data_cfg(root, "data.num_workers=2"))
@@ -280,6 +285,7 @@ def test_bad_record_is_skipped_and_recorded_like_a_bad_file(with_bad_record: tup
     assert list(backend.bad_images.files) == [where]
 
 
+@pytest.mark.slow
 def test_bad_record_stops_the_run_naming_shard_and_record(with_bad_record: tuple[Path, str]) -> None:
     root, where = with_bad_record
     backend = make_backend(data_cfg(root, "data.num_workers=2", "data.on_bad_image=error"))
@@ -294,6 +300,7 @@ def test_plan_mode_counts_the_shard_sets_train_images(shards: Path) -> None:
     assert train_images(data_cfg(shards)) == (35, f"{_format(shards)} shards in {shards}")
 
 
+@pytest.mark.slow
 def test_a_shard_shorter_than_its_listing_and_too_few_samples_are_one_line(folder: Path, tmp_path: Path) -> None:
     splits = {
         "train": write_shards(folder_records(folder, "train"), tmp_path, "webdataset", [35], "train"),

@@ -41,6 +41,7 @@ def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", ["first", "resumed"])
 def test_dali_start_opens_only_the_files_of_its_first_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str
@@ -89,6 +90,7 @@ def _snapshot(folder: Path, skip: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.slow
 def test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -151,6 +153,7 @@ def _bytes_read() -> int:
     return int(next(line for line in open("/proc/self/io") if line.startswith("rchar:")).split()[1])
 
 
+@pytest.mark.slow
 def test_train_reader_holds_no_shuffle_buffer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The train reader reshuffles the whole list every epoch (shuffle_after_epoch) instead of drawing from
     a buffer of `initial_fill` encoded files (random_shuffle): building the loader, which runs its first
@@ -179,6 +182,7 @@ def test_train_reader_holds_no_shuffle_buffer(tmp_path: Path, monkeypatch: pytes
     assert len(labels) == 8
 
 
+@pytest.mark.slow
 def test_train_epochs_are_fresh_permutations_of_the_run_seed(tmp_path: Path) -> None:
     """Every epoch reads each file once over the ranks, in a new order; the order follows the run seed
     (the list is handed to DALI permuted by it) and is the same for the same seed."""
@@ -205,6 +209,7 @@ def test_train_epochs_are_fresh_permutations_of_the_run_seed(tmp_path: Path) -> 
     assert (tmp_path / "again" / "train_rank0_epoch0.txt").read_text().split() == orders[0][0][:12]
 
 
+@pytest.mark.slow
 def test_file_list_keeps_its_names_compressed(tmp_path: Path) -> None:
     """DALI holds its own copy of the names: the FileList keeps them compressed (a few bytes a file, not
     the 40 of one uncompressed byte string), and still gives every path, label and list line."""
@@ -239,6 +244,7 @@ def test_file_list_keeps_its_names_compressed(tmp_path: Path) -> None:
     assert listing.read_text().splitlines() == line[4000:4100]
 
 
+@pytest.mark.slow
 def test_host_resize_reuses_released_batches_and_leaves_malloc_alone(tmp_path: Path) -> None:
     """dali_cpu writes each batch into a ring of buffers (no fresh, page-faulting memory per batch) that the
     loader's queue sizes: a batch is written again only after the consumer has moved past it
@@ -292,6 +298,7 @@ print(grown, rss() - before)
     assert grown > 60 << 20 and left < 8 << 20
 
 
+@pytest.mark.slow
 def test_stages_prints_each_milestone_of_a_start(tmp_path: Path) -> None:
     """`python -m imgcls.bench.stages` (where a start's memory goes, docs/data-backends.md "Startup") runs the
     startup benchmark's train.py start in-process and prints one row per milestone."""

@@ -4,9 +4,7 @@ launcher and the Optuna sweeper configs."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,17 +12,15 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from tests import warm_python
 from tests.conftest import CONF, ROOT, read_report, tiny_overrides
 
 TIMEOUT = 900
 
 
 def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    return warm_python.run([ROOT / "train.py", *args], env=env, cwd=cwd, timeout=TIMEOUT)
 
 
 def wandb_log(run_dir: Path) -> bytes:
@@ -37,6 +33,7 @@ def wandb_log(run_dir: Path) -> bytes:
     return log_file.read_bytes()
 
 
+@pytest.mark.slow
 def test_failed_job_does_not_stop_or_poison_the_next(image_folder: Path, tmp_path: Path) -> None:
     """Job 0 diverges (LR x 1e12: a NaN loss stops it mid-epoch, with its W&B run open); job 1 must still
     train, in its own run dir, into its own W&B run; the sweep exits with job 0's code (3)."""
@@ -56,6 +53,7 @@ def test_failed_job_does_not_stop_or_poison_the_next(image_folder: Path, tmp_pat
     assert b"val.top1" in log and b"0.1" in log  # job 1's own run, with its own config
 
 
+@pytest.mark.slow
 def test_every_job_gets_its_own_run_dir(image_folder: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     args = tiny_overrides(image_folder, "recipe.epochs=1", f"hydra.sweep.dir={sweep}")
@@ -68,6 +66,7 @@ def test_every_job_gets_its_own_run_dir(image_folder: Path, tmp_path: Path) -> N
     assert read_report(sweep / "0")["epochs"][0]["train.loss"] != read_report(sweep / "1")["epochs"][0]["train.loss"]
 
 
+@pytest.mark.slow
 def test_multirun_with_in_process_ddp_is_refused(image_folder: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     args = tiny_overrides(image_folder, "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.sweep.dir={sweep}")
@@ -96,6 +95,7 @@ def test_slurm_launcher_runs_one_task_per_gpu() -> None:
     assert get_class(launcher._target_).__name__ == "SlurmLauncher"  # the plugin is installed
 
 
+@pytest.mark.slow
 def test_optuna_search_runs_trials_and_reports_the_best(tmp_path: Path) -> None:
     sweep = tmp_path / "optuna"
     args = [

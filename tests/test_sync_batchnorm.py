@@ -52,6 +52,7 @@ def sync_bn_run(image_folder: Path, tmp_path: Path):  # noqa: ANN201 - (module, 
     return module, trainer._accelerator_connector._layer_sync  # what DDPStrategy.setup applies
 
 
+@pytest.mark.slow
 def test_sync_bn_conversion_keeps_efficientnet_activations(image_folder: Path, tmp_path: Path) -> None:
     module, layer_sync = sync_bn_run(image_folder, tmp_path)
     # Random BN statistics, so that a lost activation changes the output (fresh BN is near identity).
@@ -80,6 +81,7 @@ def test_sync_bn_conversion_keeps_efficientnet_activations(image_folder: Path, t
     assert isinstance(layer_sync, TimmSyncBatchNorm)
 
 
+@pytest.mark.slow
 def test_torch_converter_drops_the_activations(image_folder: Path, tmp_path: Path) -> None:
     """Why the plugin exists: Lightning's default converter on the same module changes its outputs."""
     from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm
@@ -93,6 +95,7 @@ def test_torch_converter_drops_the_activations(image_folder: Path, tmp_path: Pat
     assert count_sync_batchnorm(converted.net) == (49, 0)
 
 
+@pytest.mark.slow
 def test_sync_batchnorm_refused_for_multi_process_cpu_runs(image_folder: Path, tmp_path: Path) -> None:
     overrides = tiny_overrides(image_folder, "trainer.sync_batchnorm=true", "trainer.devices=2", "data.batch_size=4")
     cfg = compose_config(overrides)

@@ -100,6 +100,7 @@ def test_every_tf1_script_has_an_experiment_and_no_more() -> None:
     assert sorted(TF1_ROWS) == sorted(e for e in TF_EXPERIMENTS if e.startswith("tf1_"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TF1_ROWS))
 def test_tf1_experiment_matches_its_script(name: str) -> None:
     row, common = TF1_ROWS[name], _section(TABLES, "### 2.4 TF1")

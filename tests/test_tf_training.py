@@ -78,6 +78,7 @@ def test_tf2_init_is_keras_variance_scaling() -> None:
     assert not net.get_classifier().bias.detach().any()
 
 
+@pytest.mark.slow
 def test_tf1_init_is_truncated_variance_scaling_fan_in() -> None:
     """TF1 --weight_init=fan_in: conv and dense kernels with variance 2 / fan_in, truncated at 2 stddev."""
     net = _network("tf1_resnet50_dgx1v_amp_90e")
@@ -88,6 +89,7 @@ def test_tf1_init_is_truncated_variance_scaling_fan_in() -> None:
         assert w.abs().max().item() <= 2 * std / 0.87962566103423978 + 1e-6
 
 
+@pytest.mark.slow
 def test_stagewise_recipe_ramps_size_and_randaugment_in_equal_stages() -> None:
     """recipe=tf2_efficientnet_stagewise on a TF2 experiment: 4 stages of 500 // 4 epochs, sizes
     int(128 + (224 - 128) (stage + 1) / 4) and magnitudes linspace(5, 15, 4), as TF2's runner.py."""
@@ -121,6 +123,7 @@ def test_tf1_cosine_runs_over_all_steps_warmup_included() -> None:
     assert lrs[80] == pytest.approx(0.981 * base, abs=1e-3)  # below the peak when the warmup ends
 
 
+@pytest.mark.slow
 def test_tf2_recipe_trains_with_tf_rmsprop_tf_init_and_ema(image_folder: Path, tmp_path: Path) -> None:
     """The one real run: debug=tiny with the TF2 recipe and TF2's init reaches the training loop with timm's
     RMSpropTF and reports the EMA weights (val_ema.*) next to the raw ones, as NVIDIA's TF2 runs do."""
@@ -134,6 +137,7 @@ def test_tf2_recipe_trains_with_tf_rmsprop_tf_init_and_ema(image_folder: Path, t
     assert group["lr_in_momentum"] is True and group["eps"] == 1e-3 and group["alpha"] == 0.9  # RMSpropTF's
 
 
+@pytest.mark.slow
 def test_tf2_ema_decay_ramps_as_tensorflows_dynamic_decay() -> None:
     """TF2 HvdMovingAverage(dynamic_decay=True): decay = min(0.9999, (1 + t) / (10 + t)); imgcls's EMA (timm's
     warmup, gamma 9, power 1) follows that curve two optimizer steps later. Other recipes keep a fixed decay."""

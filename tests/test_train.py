@@ -26,6 +26,7 @@ def trained(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return run_dir
 
 
+@pytest.mark.slow
 def test_report_has_nvidia_metric_names_per_epoch_and_run(trained: Path) -> None:
     report = read_report(trained)
     assert [row["epoch"] for row in report["epochs"]] == [0, 1]
@@ -38,6 +39,7 @@ def test_report_has_nvidia_metric_names_per_epoch_and_run(trained: Path) -> None
     assert run_summary["train.loss"] == min(r["train.loss"] for r in report["epochs"])  # a real min
 
 
+@pytest.mark.slow
 def test_run_dir_holds_config_logs_and_checkpoints(trained: Path) -> None:
     assert (trained / "checkpoints" / "last.ckpt").is_file()
     assert (trained / "checkpoints" / "best.ckpt").is_file()
@@ -46,6 +48,7 @@ def test_run_dir_holds_config_logs_and_checkpoints(trained: Path) -> None:
     assert any(row.get("val.top1") for row in rows)
 
 
+@pytest.mark.slow
 def test_checkpoint_carries_classes_and_resolved_config(trained: Path) -> None:
     ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["imgcls"]["classes"] == ["class_0", "class_1", "class_2"]
@@ -56,6 +59,7 @@ def test_checkpoint_carries_classes_and_resolved_config(trained: Path) -> None:
     assert ckpt["hyper_parameters"]["plan"]["accumulation"] == 1
 
 
+@pytest.mark.slow
 def test_best_checkpoint_holds_the_best_val_top1(trained: Path) -> None:
     best = torch.load(trained / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
     callbacks = {k: v for k, v in best["callbacks"].items() if k.startswith("ModelCheckpoint")}
@@ -63,6 +67,7 @@ def test_best_checkpoint_holds_the_best_val_top1(trained: Path) -> None:
     assert float(score) == pytest.approx(read_report(trained)["run"]["val.top1"])
 
 
+@pytest.mark.slow
 def test_resume_from_last_continues_at_the_right_epoch_and_step(image_folder: Path, tmp_path: Path) -> None:
     full_dir, split_dir = tmp_path / "full", tmp_path / "split"
     args = tiny_overrides(image_folder, "recipe.epochs=3")
@@ -81,6 +86,7 @@ def test_resume_from_last_continues_at_the_right_epoch_and_step(image_folder: Pa
     assert epochs_in_csv == {"0", "1", "2"}  # one CSV log across the resume
 
 
+@pytest.mark.slow
 def test_weights_from_a_checkpoint_with_other_classes(trained: Path, tmp_path: Path) -> None:
     from tests.conftest import make_image_folder
 
@@ -92,6 +98,7 @@ def test_weights_from_a_checkpoint_with_other_classes(trained: Path, tmp_path: P
     assert tuned["state_dict"]["net.fc.weight"].shape[0] == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "amp"])
 def test_half_precision_on_cpu(image_folder: Path, tmp_path: Path, precision: str, caplog) -> None:
     cfg = compose_config(tiny_overrides(image_folder, f"precision={precision}", "recipe.epochs=1"), run_dir=tmp_path)
@@ -101,6 +108,7 @@ def test_half_precision_on_cpu(image_folder: Path, tmp_path: Path, precision: st
         assert any("falls back" in r.message or "bf16 autocast" in r.message for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_synthetic_backend_needs_no_files(tmp_path: Path) -> None:
     cfg = compose_config(
         ["model=resnet18", "data=synthetic", "data.num_classes=4", "data.train_samples=32", "data.val_samples=16",
@@ -114,6 +122,7 @@ def test_synthetic_backend_needs_no_files(tmp_path: Path) -> None:
     assert row["val.top1"] >= 0
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_the_run(image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     run(compose_config(tiny_overrides(image_folder, "logger=wandb", "recipe.epochs=1"), run_dir=tmp_path))

@@ -57,12 +57,14 @@ def wandb_run(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return run_dir
 
 
+@pytest.mark.slow
 def test_media_take_predictions_from_the_validation_pass(wandb_run: Path) -> None:
     """One forward of the network and one of its EMA copy per val batch (18 images / 8 = 3 batches, one
     validation per invocation): the per-class table adds no second pass over the val set."""
     assert EVAL_FORWARDS == [3 * 2, 3 * 2]
 
 
+@pytest.mark.slow
 def test_dashboard_scalars_and_config(wandb_run: Path) -> None:
     log = wandb_log(offline_runs(wandb_run)[0], b"val.confusion_matrix")
     for key in (b"train.loss", b"val.top1", b"val.top5", b"train.lr", b"train.total_ips", b"val.total_ips"):
@@ -70,6 +72,7 @@ def test_dashboard_scalars_and_config(wandb_run: Path) -> None:
     assert b"run_config" in log and b"resnet18" in log and b"lr_per_256" in log  # the resolved config
 
 
+@pytest.mark.slow
 def test_sample_grid_of_augmented_training_images(wandb_run: Path) -> None:
     (png,) = (offline_runs(wandb_run)[0] / "files" / "media" / "images").glob("train.samples_*.png")
     grid = Image.open(png)
@@ -78,6 +81,7 @@ def test_sample_grid_of_augmented_training_images(wandb_run: Path) -> None:
     assert b"train.samples" in wandb_log(offline_runs(wandb_run)[0], b"train.samples")
 
 
+@pytest.mark.slow
 def test_per_class_accuracy_matches_val_top1(wandb_run: Path) -> None:
     """The table from the run's final validation, one per W&B run (each invocation ends with one)."""
     report = read_report(wandb_run)["epochs"]
@@ -92,6 +96,7 @@ def test_per_class_accuracy_matches_val_top1(wandb_run: Path) -> None:
         assert b"val.confusion_matrix" in wandb_log(offline, b"val.confusion_matrix")
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_wandb_run(wandb_run: Path) -> None:
     first, second = offline_runs(wandb_run)  # both named ...-<the id in wandb_id.txt>
     assert first.name.rsplit("-", 1)[1] == second.name.rsplit("-", 1)[1]

@@ -9,6 +9,7 @@ does, and exits through the interpreter's own exit steps (thread joins, atexit h
 
 What a fork cannot give: a module that reads the environment or the working directory at import time sees the
 server's. imgcls reads neither at import, and the child applies `OMP_NUM_THREADS` to torch's thread pool itself.
+What the server's imports made for their process (finalizers, such as wandb's media folder) stays the server's.
 Tests about the interpreter itself (which modules a command imports) start `sys.executable` directly.
 
 Hand-written because multiprocessing's forkserver runs functions of the parent's code, not a script's `__main__`
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import IO
 
@@ -81,6 +83,10 @@ def _run_command(request: dict) -> None:
         opened = os.open(path, flags)
         os.dup2(opened, fd)
         os.close(opened)
+    # Finalizers made before the fork belong to the server (wandb's media folder, made when timm imports wandb,
+    # is one): a child that ran them at its exit would delete what the server and the other children still use.
+    for finalizer in list(weakref.finalize._registry):
+        finalizer.atexit = False
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -204,16 +210,22 @@ def warm_server() -> WarmServer:
         return _server
 
 
-def start(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> WarmProcess:
-    """Start `python ARGV` (a script path, or -m MODULE, and its arguments) as a real process of the warm server."""
-    return warm_server().start(argv, {**os.environ, **(env or {})}, cwd)
+def start(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, base_env: dict[str, str] | None = None
+) -> WarmProcess:
+    """Start `python ARGV` (a script path, or -m MODULE, and its arguments) as a real process of the warm server,
+    with the environment `base_env` (this process's by default) updated by `env`."""
+    return warm_server().start([str(a) for a in argv], {**(base_env or os.environ), **(env or {})}, Path(cwd))
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 600) -> tuple:
-    """(exit code, stdout, stderr) of `python ARGV`, as subprocess.run gives them."""
-    proc = start(argv, env, cwd)
+def run(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 600,
+    base_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """`python ARGV` to its end, as subprocess.run(..., capture_output=True, text=True) gives it."""
+    proc = start(argv, env, cwd, base_env)
     out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    return subprocess.CompletedProcess([sys.executable, *argv], proc.returncode, out, err)
 
 
 if __name__ == "__main__":
