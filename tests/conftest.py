@@ -6,6 +6,7 @@ import copy
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,67 @@ def read_report(run_dir: Path) -> dict[str, Any]:
     import json
 
     return json.loads((run_dir / "report.json").read_text())
+
+
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    """Train the tiny checkpoint once per session: RUN/checkpoints/{last,best}.ckpt and RUN/report.json."""
+    run_dir = tmp_path_factory.getbasetemp() / "imgcls-tiny-run"
+    if not (run_dir / "report.json").is_file() or not (run_dir / "checkpoints" / "last.ckpt").is_file():
+        import imgcls.train
+
+        imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.ema_decay=0.9"), run_dir=run_dir))
+    return run_dir
+
+
+def run_clis(cases: dict[str, list[str]], timeout: float = 600) -> dict[str, subprocess.CompletedProcess]:
+    """Run several CLI invocations as a user would, concurrently, as real processes of the warm server
+    (tests/warm_python.py)."""
+    procs = {name: warm_python.start(list(args), env={"WANDB_MODE": "offline"}) for name, args in cases.items()}
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=timeout)
+        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return results
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("imgcls: error:")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without any launcher variables (pytest itself might run under torchrun/SLURM)."""
+    launcher = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith(("TORCHELASTIC", "SLURM"))}
+    return {**env, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+
+
+# The longest tests (minutes on 2 cores; docs/testing.md lists the slowest) start first, then the other slow ones,
+# then the quick ones: pytest-xdist hands out tests in this order, so the quick ones fill the gaps at the end
+# instead of one worker waiting alone for a long test that started last.
+LONGEST_FIRST = (
+    "test_demo_reaches_90_percent", "test_compile_trains_and_keeps_checkpoint_keys",
+    "test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts",
+    "test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights",
+    "test_two_processes_stopped_inside_a_shard_resume_to_identical_weights_steps_and_lr",
+    "test_every_key_of_every_shipped_config_has_a_rule",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        if item.originalname in LONGEST_FIRST:
+            return LONGEST_FIRST.index(item.originalname)
+        return len(LONGEST_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+
+    items.sort(key=rank)  # stable: file order within each rank

@@ -20,8 +20,7 @@ from imgcls.cli import run_evaluate as evaluate
 from imgcls.cli import run_train
 from imgcls.errors import ConfigError
 from tests import warm_python
-from tests.conftest import ROOT, compose_config, tiny_overrides
-from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
+from tests.conftest import ROOT, assert_one_line_error, compose_config, run_clis, tiny_overrides, tiny_run
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,7 @@ from imgcls.errors import ConfigError
 from imgcls.export import export_onnx, export_weights
 from imgcls.models.factory import build_network
 from imgcls.models.trained import TrainedModel, load_trained
-from tests.conftest import TEST_DATA, compose_config, sample_photos
-from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
+from tests.conftest import TEST_DATA, assert_one_line_error, compose_config, run_clis, sample_photos, tiny_run
 
 # The file names of the 500 ImageNet sample photos (one per class, `<wnid>_<class name>.JPEG`) the project's
 # benchmarks read: the names only, no images.

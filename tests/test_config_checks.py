@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 from imgcls.cli import guarded, run_train
 from imgcls.config import options
 from imgcls.config_checks import EVALUATE, TRAIN, anything, check_config, leaves, rule_for
-from tests.conftest import ROOT, compose_config
-from tests.test_errors import InProcess, assert_one_line_error
+from tests.conftest import ROOT, assert_one_line_error, compose_config
+from tests.test_errors import InProcess
 
 # (override, what the one line must say). The first six are the issue's; the rest are their neighbours.
 BAD = [

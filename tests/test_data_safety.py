@@ -17,8 +17,7 @@ import imgcls.data.demo as demo
 from imgcls.checkpoint import check_writable
 from imgcls.errors import ConfigError, DataError, StorageError
 from imgcls.storage import write_json_atomic
-from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
-from tests.test_errors import assert_one_line_error
+from tests.conftest import assert_one_line_error, compose_config, read_report, run_cli, tiny_overrides
 
 
 def users_files(folder: Path) -> Path:
@@ -162,7 +161,7 @@ def test_write_probe_never_removes_a_users_file_of_the_same_name(tmp_path: Path)
 # --- exported models --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
-    from tests.test_evaluate import tiny_run
+    from tests.conftest import tiny_run
 
     return tiny_run(tmp_path_factory, image_folder) / "checkpoints" / "last.ckpt"
 

@@ -9,8 +9,6 @@ tests/test_dali.py (ddp_run); it is not repeated here.
 from __future__ import annotations
 
 import csv
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ import torch
 from imgcls.rundir import QUIET_RANK_OVERRIDES, launch_overrides
 from imgcls.train import run
 from tests import warm_python
-from tests.conftest import ROOT, compose_config, make_image_folder, read_report, tiny_overrides
+from tests.conftest import ROOT, clean_env, compose_config, free_port, make_image_folder, read_report, tiny_overrides
 
 TIMEOUT = 900  # generous: the machine's cores are shared with other test runs
 
@@ -62,19 +60,6 @@ def reference(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("one")
     run(compose_config(deterministic(folder, "data.batch_size=8"), run_dir=run_dir))
     return run_dir
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without any launcher variables (pytest itself might run under torchrun/SLURM)."""
-    launcher = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
-    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith(("TORCHELASTIC", "SLURM"))}
-    return {**env, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
 
 
 def only_run_dir(cwd: Path) -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 from imgcls.cli import guarded
 from imgcls.train import run
-from tests.conftest import ROOT, compose_config, make_image_folder, run_cli, tiny_overrides
+from tests.conftest import ROOT, assert_one_line_error, compose_config, make_image_folder, run_cli, tiny_overrides
 
 
 class InProcess:
@@ -26,15 +26,6 @@ def train_in_process(capsys: pytest.CaptureFixture, overrides: list[str], tmp_pa
     with pytest.raises(SystemExit) as exit_info:
         guarded(run, compose_config(overrides, run_dir=tmp_path / "run"))
     return InProcess(exit_info.value.code, capsys.readouterr().err)
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr[-1500:])
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("imgcls: error:")]
-    assert len(errors) == 1, result.stderr[-1500:]
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
 
 
 @pytest.mark.slow

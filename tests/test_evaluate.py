@@ -18,38 +18,7 @@ from imgcls.errors import CheckpointError, ConfigError
 from imgcls.evaluate import run as evaluate
 from imgcls.export import export_weights
 from imgcls.models.trained import load_trained
-from tests import warm_python
-from tests.conftest import ROOT, compose_config, read_report, tiny_overrides
-
-
-def tiny_run(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
-    """Train the tiny checkpoint once per session: RUN/checkpoints/{last,best}.ckpt and RUN/report.json."""
-    run_dir = tmp_path_factory.getbasetemp() / "imgcls-tiny-run"
-    if not (run_dir / "report.json").is_file() or not (run_dir / "checkpoints" / "last.ckpt").is_file():
-        import imgcls.train
-
-        imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.ema_decay=0.9"), run_dir=run_dir))
-    return run_dir
-
-
-def run_clis(cases: dict[str, list[str]], timeout: float = 600) -> dict[str, subprocess.CompletedProcess]:
-    """Run several CLI invocations as a user would, concurrently, as real processes of the warm server
-    (tests/warm_python.py)."""
-    procs = {name: warm_python.start(list(args), env={"WANDB_MODE": "offline"}) for name, args in cases.items()}
-    results = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=timeout)
-        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    return results
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("imgcls: error:")]
-    assert len(lines) == 1, result.stderr[-2000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+from tests.conftest import ROOT, assert_one_line_error, compose_config, read_report, run_clis, tiny_run
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from imgcls.errors import CheckpointError
 from imgcls.export import run as export
 from imgcls.models.factory import build_network
 from imgcls.models.trained import load_trained
-from tests.conftest import compose_config, sample_photos
-from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
+from tests.conftest import assert_one_line_error, compose_config, run_clis, sample_photos, tiny_run
 
 # fp32 PyTorch vs onnxruntime on the same preprocessed photos: the largest logit difference allowed.
 # Measured ~1e-6 for the tiny resnet18 (different kernels sum in different orders); 1e-4 leaves room

@@ -17,8 +17,7 @@ from imgcls.errors import ConfigError
 from imgcls.export import run as export
 from imgcls.export.triton import check_repository, trtexec_usable
 from imgcls.models.trained import load_trained
-from tests.conftest import compose_config
-from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
+from tests.conftest import assert_one_line_error, compose_config, run_clis, tiny_run
 from tests.test_export import ONNX_MAX_ABS_DIFF
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")

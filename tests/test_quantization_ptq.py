@@ -25,8 +25,7 @@ from imgcls.export import run as export
 from imgcls.models.onnx_model import load_onnx
 from imgcls.models.trained import load_trained
 from imgcls.quantization.calibration import calibration_batches, spread_pick
-from tests.conftest import compose_config, make_image_folder, read_report
-from tests.test_evaluate import assert_one_line_error, run_clis, tiny_run
+from tests.conftest import assert_one_line_error, compose_config, make_image_folder, read_report, run_clis, tiny_run
 
 # Share of the tiny model's train + val images (66) on which INT8 and fp32 pick the same class. Measured: all of
 # them; a quantization with wrong scales or an unquantized-but-broken graph picks about one in three (3 classes).

@@ -16,8 +16,7 @@ from imgcls.export import run as export
 from imgcls.models.trained import load_trained
 from imgcls.quantization import qat
 from imgcls.quantization.calibration import calibration_batches
-from tests.conftest import compose_config, tiny_overrides
-from tests.test_evaluate import tiny_run
+from tests.conftest import compose_config, tiny_overrides, tiny_run
 
 pytest.importorskip("modelopt.torch.quantization", reason="recipe=qat needs nvidia-modelopt (the export extra)")
 
@@ -121,8 +120,8 @@ def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
     """`train.py recipe=qat trainer.devices=2` (Lightning's launcher, gloo): each rank calibrates the same training
     images, so the ranges are those of a one-process run, bit for bit; the weight ranges are not trained (static
     scales), so the checkpoints' ranges must match exactly."""
-    from tests.conftest import run_cli
-    from tests.test_distributed import TWO_PROCESSES, clean_env
+    from tests.conftest import clean_env, run_cli
+    from tests.test_distributed import TWO_PROCESSES
 
     weights = fp32_run / "checkpoints" / "last.ckpt"
     args = tiny_overrides(image_folder, *QAT_OVERRIDES, *TWO_PROCESSES, "trainer.devices=2", f"model.weights={weights}")

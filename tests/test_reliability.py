@@ -212,7 +212,7 @@ def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_p
 def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once(data: Path, tmp_path: Path) -> None:
     """Two srun-style gloo ranks; SIGUSR1 reaches rank 1 only (Lightning's handler used to save inside the
     signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere)."""
-    from tests.test_distributed import clean_env, free_port
+    from tests.conftest import clean_env, free_port
 
     bin_dir, calls = _fake_scontrol(tmp_path)
     slurm = {

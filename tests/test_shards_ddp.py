@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from tests import warm_python
-from tests.conftest import ROOT, compose_config, make_image_folder, read_report, tiny_overrides
-from tests.test_distributed import clean_env
+from tests.conftest import ROOT, clean_env, compose_config, make_image_folder, read_report, tiny_overrides
 from tests.test_shards_torchvision import shard_folder
 
 TIMEOUT = 300  # a hang (one rank waiting in an all-reduce for a rank without batches) fails here

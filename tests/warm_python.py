@@ -9,7 +9,8 @@ does, and exits through the interpreter's own exit steps (thread joins, atexit h
 
 What a fork cannot give: a module that reads the environment or the working directory at import time sees the
 server's. imgcls reads neither at import, and the child applies `OMP_NUM_THREADS` to torch's thread pool itself.
-What the server's imports made for their process (finalizers, such as wandb's media folder) stays the server's.
+What the server's imports made for their process stays the server's (its finalizers), or is made anew in the child
+(wandb's media folder, which a child's wandb.init would otherwise remove at its exit from under the others).
 Tests about the interpreter itself (which modules a command imports) start `sys.executable` directly.
 
 Hand-written because multiprocessing's forkserver runs functions of the parent's code, not a script's `__main__`
@@ -87,6 +88,9 @@ def _run_command(request: dict) -> None:
     # is one): a child that ran them at its exit would delete what the server and the other children still use.
     for finalizer in list(weakref.finalize._registry):
         finalizer.atexit = False
+    wandb_media = sys.modules.get("wandb.sdk.data_types._private")
+    if wandb_media is not None:  # wandb.init registers this folder's removal at exit: the child gets its own
+        wandb_media.MEDIA_TMP.name = tempfile.mkdtemp("wandb-media")
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
