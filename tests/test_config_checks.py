@@ -19,6 +19,9 @@ from imgcls.config_checks import EVALUATE, TRAIN, anything, check_config, leaves
 from tests.conftest import ROOT, assert_one_line_error, compose_config
 from tests.test_errors import InProcess
 
+# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("test_config_checks")
+
 # (override, what the one line must say). The first six are the issue's; the rest are their neighbours.
 BAD = [
     ("data.batch_size=abc", "data.batch_size=abc must be a positive integer"),

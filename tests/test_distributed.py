@@ -21,6 +21,9 @@ from imgcls.train import run
 from tests import warm_python
 from tests.conftest import ROOT, clean_env, compose_config, free_port, make_image_folder, read_report, tiny_overrides
 
+# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("test_distributed")
+
 TIMEOUT = 900  # generous: the machine's cores are shared with other test runs
 
 # Deterministic training (the equivalence needs it): no random crop, flip, mixup or dropout; data
@@ -85,18 +88,18 @@ def torchrun_two_nodes(folder: Path, tmp_path_factory: pytest.TempPathFactory) -
     port = free_port()
     args = deterministic(folder, *TWO_PROCESSES, "trainer.devices=1", "trainer.num_nodes=2")
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+        warm_python.start(
+            ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=job42",
-             "--local-addr=127.0.0.1", str(ROOT / "train.py"), *args],
-            cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+             "--local-addr=127.0.0.1", ROOT / "train.py", *args],
+            cwd=cwd, base_env=clean_env(),
         )  # fmt: skip
         for _ in range(2)
     ]
     outputs = []
     try:
         for proc in procs:
-            outputs.append(proc.communicate(timeout=TIMEOUT)[0])
+            outputs.append("".join(proc.communicate(timeout=TIMEOUT)))
     finally:
         for proc in procs:
             proc.kill() if proc.poll() is None else None

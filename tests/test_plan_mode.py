@@ -29,7 +29,11 @@ def test_plan_of_an_8_gpu_experiment_prints_on_a_cpu_machine(tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", [e for e in options("experiment") if e != "demo"])
 def test_every_experiment_has_a_plan(experiment: str) -> None:
-    plan = describe(compose_config([f"experiment={experiment}"]))
+    cfg = compose_config([f"experiment={experiment}"])
+    # task_name (the run dir outputs/TASK_NAME/<time> and its TASK_NAME.log) is the file name, which train.yaml
+    # derives from Hydra's choice of experiment (test_configs.py: the demo's, and train without one).
+    assert cfg.task_name == experiment
+    plan = describe(cfg)
     assert plan["global_batch"] == plan["per_device_batch"] * plan["world_size"] * plan["accumulation"]
     assert plan["total_steps"] == plan["steps_per_epoch"] * plan["epochs"] and plan["warmup_steps"] > 0
     assert plan["lr"] > 0 and plan["weight_decay"] > 0

@@ -34,6 +34,38 @@ from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
+SOCKET_VARIABLE = "IMGCLS_WARM_PYTHON_SOCKET"
+# The shim is a stdlib-only script run by the real interpreter with -I -S (about 20 ms): `python [-u] SCRIPT.py
+# ARGS` becomes a command of the warm server with the shim's own stdout, stderr, cwd and environment; the shim
+# forwards the signals it gets, and exits as the command did (its death kills the command). Other forms (-m, -c,
+# other options) exec the real interpreter.
+SHIM = """
+import os, signal, socket, sys, json
+real, argv = {real!r}, sys.argv[1:]
+path = os.environ.get({variable!r})
+env = dict(os.environ)
+if argv[:1] == ["-u"]:  # torchrun starts its workers unbuffered
+    argv, env["PYTHONUNBUFFERED"] = argv[1:], "1"
+if not path or not argv or not argv[0].endswith(".py"):
+    argv = sys.argv[1:]
+    os.execv(real, [real, *argv])
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect(path)
+me = os.getpid()
+request = {{"argv": argv, "env": env, "cwd": os.getcwd(), "stdout": f"/proc/{{me}}/fd/1",
+           "stderr": f"/proc/{{me}}/fd/2", "shim": sys.argv[0], "socket": path}}
+conn.sendall((json.dumps(request) + "\\n").encode())
+reader = conn.makefile()
+pid = int(reader.readline())
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+    signal.signal(sig, lambda number, frame: os.kill(pid, number))
+line = reader.readline()
+code = int(line) if line else 1
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(me, -code)
+sys.exit(code)
+"""
 # What a command imports before its work starts (imgcls.cli imports the mode's module by name).
 PRELOAD = ("imgcls.cli", "imgcls.train", "imgcls.evaluate", "imgcls.export", "imgcls.classify")
 
@@ -69,8 +101,19 @@ def _supervise(conn: socket.socket, request: dict) -> None:
         conn.close()
         _run_command(request)
     conn.sendall(f"{pid}\n".encode())
-    _, status = os.waitpid(pid, 0)
-    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if select.select([conn], [], [], 0.05)[0] and conn.recv(1) == b"":
+            # The client is gone (a killed shim, an ended test process): so is its command, with its children.
+            os.killpg(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            break
+    try:
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    except OSError:
+        pass
     os._exit(0)
 
 
@@ -79,8 +122,10 @@ def _run_command(request: dict) -> None:
     import traceback
 
     os.setpgid(0, 0)  # its own process group, as a client's timeout kills the group (DDP ranks included)
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
-                            (2, request["stderr"], os.O_WRONLY | os.O_TRUNC)):  # fmt: skip
+    # Appending: a command started through the shim writes to the files of the process that started it, as the
+    # inherited descriptors of a fresh interpreter would, without overwriting that process's output.
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_APPEND),
+                            (2, request["stderr"], os.O_WRONLY | os.O_APPEND)):  # fmt: skip
         opened = os.open(path, flags)
         os.dup2(opened, fd)
         os.close(opened)
@@ -94,6 +139,13 @@ def _run_command(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # Python processes this command starts as `sys.executable SCRIPT.py ...` (Lightning's DDP launcher starts
+    # ranks 1..N-1 so) come from the server too, through the shim; anything else runs the real interpreter.
+    sys.executable = request["shim"]
+    os.environ[SOCKET_VARIABLE] = request["socket"]
+    if os.environ.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
     if "OMP_NUM_THREADS" in os.environ:  # OpenMP read the server's value when it was loaded
         import torch
 
@@ -171,6 +223,9 @@ class WarmServer:
     def __init__(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="imgcls-warm-"))
         self._socket = self._dir / "server.sock"
+        self._shim = self._dir / "python"
+        self._shim.write_text(f"#!{sys.executable} -IS\n" + SHIM.format(real=sys.executable, variable=SOCKET_VARIABLE))
+        self._shim.chmod(0o755)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__)), str(self._socket)], cwd=ROOT, env=env,
@@ -186,7 +241,7 @@ class WarmServer:
         workdir.mkdir()
         for name in ("stdout", "stderr"):
             (workdir / name).touch()
-        request = {"argv": argv, "env": env, "cwd": str(cwd),
+        request = {"argv": argv, "env": env, "cwd": str(cwd), "shim": str(self._shim), "socket": str(self._socket),
                    "stdout": str(workdir / "stdout"), "stderr": str(workdir / "stderr")}  # fmt: skip
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(str(self._socket))
