@@ -21,10 +21,10 @@ train: $(STAMP)   ## the demo: ResNet18 on embedded handwritten digits, CPU, a f
 	$(PY) train.py experiment=demo $(ARGS)
 
 test: $(STAMP)    ## the test suite (CPU only; GPU tests skip without CUDA)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP)   ## the edit loop: every test not marked slow (no training run, DDP or subprocess), ~1 min
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests train.py evaluate.py

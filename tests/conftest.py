@@ -174,9 +174,11 @@ def clean_env() -> dict[str, str]:
 
 
 # The longest tests (minutes on 2 cores; docs/testing.md lists the slowest) start first, then the other slow ones,
-# then the quick ones: pytest-xdist hands out tests in this order, so the quick ones fill the gaps at the end
-# instead of one worker waiting alone for a long test that started last. (A test listed here uses no costly
-# module-scoped fixture: taken out of its module's order, it would set that fixture up a second time.)
+# then the quick ones. `make test` runs pytest-xdist with --dist loadfile (a file's tests on one worker, so its
+# module-scoped runs are made once), which hands out the files in the order of their first test here: the files
+# of quick tests fill the gaps at the end instead of one worker waiting alone for a long file that started last.
+# (A test listed here uses no costly module-scoped fixture: taken out of its module's order, it would set that
+# fixture up a second time.)
 LONGEST_FIRST = (
     "test_demo_reaches_90_percent", "test_compile_trains_and_keeps_checkpoint_keys",
     "test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts",

@@ -3,6 +3,7 @@ no traceback; nothing trained. And the table behind it (config_checks.py) covers
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import subprocess
@@ -18,9 +19,6 @@ from imgcls.config import options
 from imgcls.config_checks import EVALUATE, TRAIN, anything, check_config, leaves, rule_for
 from tests.conftest import ROOT, assert_one_line_error, compose_config
 from tests.test_errors import InProcess
-
-# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_config_checks")
 
 # (override, what the one line must say). The first six are the issue's; the rest are their neighbours.
 BAD = [
@@ -117,13 +115,20 @@ def test_the_cli_checks_before_importing_and_warns_once(caplog: pytest.LogCaptur
 
 
 # --- the table covers the config --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def shipped_configs() -> list[DictConfig]:
-    """The default config and each option of every group (experiments included) swapped in."""
+@functools.cache
+def _shipped_configs() -> tuple[DictConfig, ...]:
+    # Cached for the process, not the module: pytest sets a module-scoped fixture up again when the module's
+    # tests do not run back to back (as under pytest-xdist), and these ~140 compositions take ~50 s.
     configs = [compose_config([])]
     for group in ("model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment"):
         configs += [compose_config([f"{group}={option}", *_needs(group, option)]) for option in options(group)]
-    return configs
+    return tuple(configs)
+
+
+@pytest.fixture(scope="module")
+def shipped_configs() -> list[DictConfig]:
+    """The default config and each option of every group (experiments included) swapped in."""
+    return list(_shipped_configs())
 
 
 def _needs(group: str, option: str) -> list[str]:

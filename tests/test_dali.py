@@ -18,9 +18,6 @@ from imgcls.errors import ConfigError
 from tests import warm_python
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, sample_photos, tiny_overrides
 
-# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_dali")
-
 pytest.importorskip("nvidia.dali")
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="dali_gpu needs a CUDA GPU")

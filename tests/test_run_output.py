@@ -14,9 +14,6 @@ from PIL import Image
 from imgcls.plot import SOFTWARE
 from tests.conftest import read_report, run_cli, tiny_overrides
 
-# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_run_output")
-
 
 @pytest.fixture(scope="module")
 def finished(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:

@@ -13,9 +13,6 @@ import torch
 from imgcls.train import run
 from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 
-# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_train")
-
 NVIDIA_NAMES = {
     "train.loss", "train.total_ips", "train.compute_ips", "train.data_time", "train.compute_time", "train.lr",
     "val.loss", "val.top1", "val.top5", "val.total_ips", "val.compute_ips",

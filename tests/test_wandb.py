@@ -16,9 +16,6 @@ from timm.models.resnet import ResNet
 from imgcls.train import run
 from tests.conftest import compose_config, read_report, tiny_overrides
 
-# Its module-scoped runs are made once: the module's tests stay on one pytest-xdist worker (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("test_wandb")
-
 
 def offline_runs(run_dir: Path) -> list[Path]:
     run_id = (run_dir / "wandb_id.txt").read_text().strip()

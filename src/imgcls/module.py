@@ -65,7 +65,7 @@ class ClassificationModule(L.LightningModule):
         # weights at the first update) is 1 - 9 / (8 + t): TF's curve, two steps later.
         warmup = {"use_warmup": True, "warmup_gamma": 9.0, "warmup_power": 1.0} if self.recipe.ema_dynamic_decay else {}
         self._ema_warmup = warmup
-        self.ema = ModelEmaV3(self.net, decay=float(ema_decay), **warmup) if ema_decay else None
+        self.ema = self._averaged(float(ema_decay)) if ema_decay else None
 
         top5 = min(5, num_classes)
         self.val_metrics = nn.ModuleDict()
@@ -91,7 +91,16 @@ class ClassificationModule(L.LightningModule):
 
         self.net = qat.quantize(self.net, batches, qat.calibration_device())
         if self.ema is not None:
-            self.ema = ModelEmaV3(self.net, decay=self.ema.decay, **self._ema_warmup)
+            self.ema = self._averaged(self.ema.decay)
+
+    def _averaged(self, decay: float) -> ModelEmaV3:
+        """timm's EMA copy of the network, frozen: ModelEmaV3 (unlike ModelEma) leaves its parameters requiring
+        grad, and DDP then waits for their gradients at every step ("parameters that were not used in producing
+        the loss": every EMA run on 2+ devices died at its second step). Frozen, they stay out of DDP's buckets;
+        the optimizer takes self.net's parameters only."""
+        ema = ModelEmaV3(self.net, decay=decay, **self._ema_warmup)
+        ema.requires_grad_(False)
+        return ema
 
     def on_fit_start(self) -> None:
         # timm keeps the EMA copy in eval mode; Lightning would warn that ~100 modules are in eval mode at the
