@@ -23,6 +23,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -254,6 +255,7 @@ class WarmServer:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)  # the folder mkdtemp made for this server: socket, shim, stdio
 
 
 _server: WarmServer | None = None
