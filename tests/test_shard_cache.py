@@ -213,6 +213,20 @@ def test_files_being_written_are_kept(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rows["remote"][0] == 1 and rows["in flight"][0] == 5  # 3 temp files, b.tar's and z.tar's locks
 
 
+def test_a_users_folder_with_other_files_is_never_tagged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """data.shard_cache pointed at a folder of the user's: imgcls writes its cache files there, but no
+    CACHEDIR.TAG (backup tools would skip the user's files), so prune refuses the folder and deletes nothing."""
+    root = tmp_path / "users-data"
+    root.mkdir()
+    (root / "thesis.txt").write_text("the user's")
+    sources = make_sources(tmp_path / "src")
+    copy = Path(remote.local_copy(f"pipe:cat {sources['a.tar']}", str(root)))
+    assert copy.is_file() and not (root / cache.TAG).exists()
+    code, out, err = run(["cache", "prune", "--max-size", "0", "--dir", str(root)], capsys)
+    assert code == 2 and err.startswith(f"imgcls: error: --dir={root} has no {cache.TAG} of imgcls")
+    assert copy.is_file() and (root / "thesis.txt").read_text() == "the user's"
+
+
 def test_prune_needs_imgcls_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A folder laid out like a cache but not tagged by imgcls (--dir pointed at the wrong place), or tagged
     by another tool, is refused whole: nothing is deleted."""

@@ -138,15 +138,23 @@ def _digest(text: str) -> str:
 
 
 def _root(cache_dir: str) -> str:
-    """CACHE as an absolute path, tagged (once per process) so that prune knows it for imgcls's."""
+    """CACHE as an absolute path, tagged (once per process) so that prune knows it for imgcls's: only a folder
+    that imgcls makes, finds empty, or that is the default cache folder. A user's folder that already holds
+    other things is never tagged: the tag would make backup tools skip all of it, and prune would then treat
+    it as imgcls's (prune refuses an untagged folder, in one line)."""
     root = os.path.abspath(os.path.expanduser(str(cache_dir)))
     if root not in _marked:
         _marked.add(root)
         with contextlib.suppress(OSError):  # a read-only cache is still read; writes say why they fail
+            ours = not os.path.exists(root) or root == os.path.abspath(os.path.expanduser(default_dir()))
+            if not ours:
+                with os.scandir(root) as items:
+                    ours = next(items, None) is None
             os.makedirs(root, exist_ok=True)
-            fd = os.open(os.path.join(root, TAG), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(TAG_TEXT)
+            if ours:
+                fd = os.open(os.path.join(root, TAG), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "w") as f:
+                    f.write(TAG_TEXT)
     return root
 
 
