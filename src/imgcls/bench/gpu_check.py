@@ -12,6 +12,7 @@ ResNet50 v1.5). On a machine without CUDA it says so in one line and exits 0;
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -74,15 +75,22 @@ def plan(hardware: str, gpus: int, data_root: str, steps: int, run_root: str) ->
         if mode == "benchmark":
             common += ["mode=benchmark", "benchmark.warmup=10", f"benchmark.iterations={steps}"]
         else:  # a real training run (checkpoints, report.json with the scaler's skipped steps), no accumulation
-            common += [f"trainer.max_steps={steps}", "trainer.limit_val_batches=2", "recipe.warmup_epochs=0",
-                       "data.batch_size=128", "recipe.global_batch_size=128"]
+            common += [
+                f"trainer.max_steps={steps}",
+                "trainer.limit_val_batches=2",
+                "recipe.warmup_epochs=0",
+                "data.batch_size=128",
+                "recipe.global_batch_size=128",
+            ]
         return (*overrides, *common)
 
     synthetic = ("data=synthetic",)
     full = "tf32" if hardware == "dgxa100" else "fp32"  # the full-precision column NVIDIA published
     photos = ("data=folder", f"data.root={data_root}")
     return [
-        Check("amp+GradScaler", run("amp+GradScaler", "model=resnet50", "precision=amp", *photos, mode="train")),
+        # torchvision here: a hardware profile may default to DALI, which has its own two rows below
+        Check("amp+GradScaler", run("amp+GradScaler", "model=resnet50", "precision=amp", *photos,
+                                    "data.backend=torchvision", mode="train")),
         Check("bf16", run("bf16", "model=resnet50", "precision=bf16", *synthetic)),
         Check("fp32", run("fp32", "model=resnet50", "precision=fp32", *synthetic), ("fp32", 1)),
         Check("tf32", run("tf32", "model=resnet50", "precision=tf32", *synthetic), ("tf32", 1),
@@ -127,19 +135,31 @@ def _result(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-def execute(check: Check, hardware: str, gpus: int) -> dict[str, Any]:
+def execute(check: Check, hardware: str, gpus: int, timeout_s: float | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"path": check.path, "status": "ok", "ips": None, "published": None, "note": ""}
     if gpus < check.needs_gpus:
         row.update(status="skipped", note=f"needs {check.needs_gpus} GPUs, {gpus} visible")
         return row
+    if check.path.startswith("dali") and importlib.util.find_spec("nvidia.dali") is None:
+        row.update(status="skipped", note="nvidia.dali is not installed in this environment")
+        return row
     script = ROOT / "train.py"
     command = [sys.executable, str(script), *check.overrides]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     run_dir = Path(next(o.split("=", 1)[1] for o in check.overrides if o.startswith("hydra.run.dir=")))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "gpu_check.log"  # the whole output stays for a failed row; the table shows its last line
+    with log.open("w") as output:
+        try:
+            returncode = subprocess.run(
+                command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, timeout=timeout_s
+            ).returncode
+        except subprocess.TimeoutExpired:
+            row.update(status="FAILED", note=f"no result in {timeout_s:.0f} s (log: {log})")
+            return row
     summary = _result(run_dir)
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        row.update(status="FAILED", note=f"exit {result.returncode}: {tail}")
+    if returncode != 0:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        row.update(status="FAILED", note=f"exit {returncode}: {(lines or ['no output'])[-1].strip()}")
         return row
     ips = summary.get("train.total_ips")
     row["ips"] = ips
@@ -187,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m imgcls.bench.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="timed iterations / training steps per path")
     parser.add_argument("--data", default=default_data_root(), help="ROOT with train/ and val/ class folders")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one check may take before it fails")
+    parser.add_argument("--only", default=None, help="comma-separated paths to run, e.g. amp+GradScaler,compile")
     parser.add_argument("--plan", action="store_true", help="print the train.py commands, run nothing")
     parser.add_argument("--gpus", type=int, default=None, help="with --plan: plan for this many GPUs")
     parser.add_argument("--hardware", default=None, help="with --plan: the hardware profile to plan for")
@@ -202,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{check.path}: {check.command()}")
         return 0
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan "
-              "lists the checks)")
+        print(
+            "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan "
+            "lists the checks)"
+        )
         return 0
     gpus = torch.cuda.device_count()
     properties = torch.cuda.get_device_properties(0)
@@ -212,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: --data {args.data} needs train/ and val/ folders of class folders of JPEGs")
         return 2
     run_root = tempfile.mkdtemp(prefix="imgcls-gpu-check-")  # after the checks above: no empty folder left behind
-    rows = [execute(check, hardware, gpus) for check in plan(hardware, gpus, args.data, args.steps, run_root)]
+    rows = []
+    for check in plan(hardware, gpus, args.data, args.steps, run_root):
+        if args.only and check.path not in args.only.split(","):
+            continue
+        rows.append(execute(check, hardware, gpus, args.timeout))
+        print(f"gpu_check: {check.path}: {rows[-1]['status']} {rows[-1]['note']}", file=sys.stderr, flush=True)
     print(table(rows, properties.name, gpus))
     print(f"run dirs under {run_root}")
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0
