@@ -15,13 +15,15 @@ from tests.test_host_sync import SyncCounter, count_syncs
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "rmsprop_tf", "rmsprop"])  # rmsprop_tf: every TF2 EfficientNet run
 def test_fp16_loss_scaling_syncs_at_most_once_per_k_steps(
-    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    optimizer: str, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counter = SyncCounter()
     count_syncs(monkeypatch, counter)
     overrides = tiny_overrides(image_folder, "recipe.epochs=2", "precision=amp", "precision.cpu_fp16=true",
-                               "model.channels_last=false", FP16_NET)  # fmt: skip
+                               "model.channels_last=false", FP16_NET, f"recipe.optimizer={optimizer}",
+                               "recipe.rmsprop_alpha=0.9", "recipe.rmsprop_eps=0.001")  # fmt: skip
     imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 12
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}

@@ -72,8 +72,12 @@ def only_run_dir(cwd: Path) -> Path:
 def lightning_ddp(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """`python train.py trainer.devices=2`: Lightning starts rank 1 itself (no hydra.run.dir given)."""
     cwd = tmp_path_factory.mktemp("lightning")
-    result = warm_python.run([ROOT / "train.py", *deterministic(folder, *TWO_PROCESSES, "trainer.devices=2")],
-                             cwd=cwd, base_env=clean_env(), timeout=TIMEOUT)
+    result = warm_python.run(
+        [ROOT / "train.py", *deterministic(folder, *TWO_PROCESSES, "trainer.devices=2")],
+        cwd=cwd,
+        base_env=clean_env(),
+        timeout=TIMEOUT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return only_run_dir(cwd), result.stdout + result.stderr
 
@@ -86,10 +90,20 @@ def torchrun_two_nodes(folder: Path, tmp_path_factory: pytest.TempPathFactory) -
     args = deterministic(folder, *TWO_PROCESSES, "trainer.devices=1", "trainer.num_nodes=2")
     procs = [
         warm_python.start(
-            ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=job42",
-             "--local-addr=127.0.0.1", ROOT / "train.py", *args],
-            cwd=cwd, base_env=clean_env(),
+            [
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=job42",
+                "--local-addr=127.0.0.1",
+                ROOT / "train.py",
+                *args,
+            ],
+            cwd=cwd,
+            base_env=clean_env(),
         )  # fmt: skip
         for _ in range(2)
     ]
@@ -116,8 +130,12 @@ def test_srun_tasks_share_the_job_id_run_dir(folder: Path, tmp_path: Path) -> No
     }  # fmt: skip
     args = tiny_overrides(folder, "recipe.epochs=1", "data.batch_size=4", "trainer.devices=2")
     procs = [
-        warm_python.start([ROOT / "train.py", *args], cwd=tmp_path, base_env=clean_env(),
-                          env={**slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)})
+        warm_python.start(
+            [ROOT / "train.py", *args],
+            cwd=tmp_path,
+            base_env=clean_env(),
+            env={**slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)},
+        )
         for k in range(2)
     ]
     try:
@@ -265,8 +283,28 @@ def test_deterministic_sets_lightnings_deterministic_mode(folder: Path, tmp_path
     try:
         trainer = build_trainer(cfg, resolve_plan(cfg), [], [])
         assert torch.are_deterministic_algorithms_enabled() and trainer.logger is None
+        assert torch.backends.cudnn.benchmark is False  # autotuning could pick other algorithms per process
     finally:
         torch.use_deterministic_algorithms(False)  # global state: leave it as other tests expect
+
+
+def test_cudnn_autotuning_is_on_as_in_nvidias_runs(folder: Path, tmp_path: Path) -> None:
+    from imgcls.plan import resolve_plan
+    from imgcls.trainer import build_trainer
+
+    try:
+        build_trainer(
+            compose_config(tiny_overrides(folder), run_dir=tmp_path),
+            resolve_plan(compose_config(tiny_overrides(folder), run_dir=tmp_path)),
+            [],
+            [],
+        )
+        assert torch.backends.cudnn.benchmark is True
+        cfg = compose_config(tiny_overrides(folder, "trainer.benchmark=false"), run_dir=tmp_path)
+        build_trainer(cfg, resolve_plan(cfg), [], [])
+        assert torch.backends.cudnn.benchmark is False  # the user's choice wins
+    finally:
+        torch.backends.cudnn.benchmark = False  # global state: leave it as other tests expect
 
 
 # --- the run-dir rule, without processes ------------------------------------------------------------
@@ -285,8 +323,12 @@ def test_srun_pins_the_job_id_and_explicit_dirs_win() -> None:
     assert launch_overrides([], "train", env)[0] == "hydra.run.dir=outputs/train/777"
     assert launch_overrides(["hydra.run.dir=/x"], "train", env) == list(QUIET_RANK_OVERRIDES)
     assert launch_overrides(["-m", "seed=1,2"], "train", env) == []  # sweeps: hydra.sweep.dir
-    # A single-task SLURM job (an interactive allocation, sbatch without srun) keeps the timestamped dir.
-    assert launch_overrides([], "train", {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == []
+    # A single-task batch job (sbatch without srun) keys on its job id too: requeued, it finds its checkpoints.
+    single = {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "rn50"}
+    assert launch_overrides([], "train", single) == ["hydra.run.dir=outputs/train/777"]
+    # An interactive allocation keeps the timestamped dir: every command there is a new run.
+    assert launch_overrides([], "train", {**single, "SLURM_JOB_NAME": "interactive"}) == []
+    assert launch_overrides([], "train", {**single, "SLURM_JOB_NAME": "bash"}) == []
 
 
 def test_lightning_children_only_drop_the_log_file() -> None:
@@ -321,8 +363,9 @@ def test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights(folder: Path, tm
     )  # fmt: skip
 
     def train(run_dir: Path, *extra: str) -> None:
-        result = warm_python.run([ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", *extra],
-                                 base_env=clean_env(), timeout=TIMEOUT)
+        result = warm_python.run(
+            [ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", *extra], base_env=clean_env(), timeout=TIMEOUT
+        )
         assert result.returncode == 0, result.stderr[-3000:]
 
     train(tmp_path / "ref")
@@ -335,3 +378,54 @@ def test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights(folder: Path, tm
     for name, tensor in ref.items():
         assert torch.equal(resumed[name], tensor), name
     assert [r["step"] for r in read_report(tmp_path / "resumed")["epochs"]] == [6, 12]
+
+
+FAULT_ON_ONE_RANK = """
+import sys
+import lightning as L
+import torch
+from imgcls.callbacks.finite_loss import FiniteLoss
+from imgcls.errors import TrainingError
+
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, i):
+        loss = self.layer(batch[0]).pow(2).mean()
+        return loss * float("nan") if self.global_rank == 1 and i == 9 else loss  # rank 1 only, step 10
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=torch.Generator().manual_seed(0)))
+        return torch.utils.data.DataLoader(data, batch_size=2)
+
+
+class Say(L.Callback):  # at once, before the teardown (whose collectives fail once the other rank has gone)
+    def on_exception(self, trainer, module, error):
+        if isinstance(error, TrainingError):
+            print(f"rank {trainer.global_rank}: {error}", flush=True)
+
+
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=20, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                    callbacks=[FiniteLoss(sys.argv[1]), Say()])
+trainer.fit(Net())
+"""
+
+
+@pytest.mark.slow
+def test_a_fault_on_one_rank_is_named_alike_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1's loss is NaN at the step of a check; rank 0's own values are clean. Both stop, and rank 0 names
+    rank 1's NaN loss (it used to say "a weight or buffer of the model is not finite")."""
+    script = tmp_path / "fault_on_one_rank.py"
+    script.write_text(FAULT_ON_ONE_RANK)
+    env = {**clean_env(), "MASTER_PORT": str(free_port())}
+    result = warm_python.run([script, str(tmp_path / "last.ckpt")], base_env=env, cwd=tmp_path, timeout=TIMEOUT)
+    assert result.returncode != 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("rank 0: ")]
+    assert "train.loss is nan on rank 1 at step 9 (epoch 0, batch 9)" in line, line

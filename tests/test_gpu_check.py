@@ -63,17 +63,29 @@ def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: st
     assert configs["dali_cpu"].data.backend == "dali_cpu" and configs["dali_cpu"].data.pin_memory is True
     syncbn, ddp = configs["syncbn_efficientnet"], configs["ddp_nccl"]
     assert syncbn.model.arch == "efficientnet_b0" and syncbn.trainer.sync_batchnorm and syncbn.trainer.devices == 8
+    # NVIDIA's TF2 recipe as it trains: RMSpropTF with EMA, AMP; on synthetic data
+    assert (syncbn.recipe.optimizer, syncbn.recipe.ema_decay, syncbn.precision.name) == ("rmsprop_tf", 0.9999, "amp")
+    assert syncbn.data.backend == "synthetic"
     assert ddp.trainer.devices == 8 and ddp.trainer.strategy == "ddp" and ddp.precision.name == "amp"
+    assert ddp.recipe.ema_decay and amp.recipe.ema_decay and amp.trainer.limit_val_batches == 2  # EMA, validation
     benchmark = configs["resnet50_amp_benchmark"]
     assert (benchmark.mode, benchmark.model.arch, benchmark.precision.name) == ("benchmark", "resnet50", "amp")
     assert benchmark.hardware.name == hardware
 
 
-def test_multi_gpu_paths_are_skipped_not_failed_on_one_gpu() -> None:
-    checks = {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data", 40, "/tmp/x")}
+def test_one_gpu_runs_the_ddp_rows_as_one_process(capsys: pytest.CaptureFixture) -> None:
+    plan = planned(capsys, "--gpus", "1", "--hardware", "dgxa100")
     for path in ("syncbn_efficientnet", "ddp_nccl"):
-        row = gpu_check.execute(checks[path], "dgxa100", gpus=1)  # returns before running anything
-        assert row["status"] == "skipped" and row["note"] == "needs 2 GPUs, 1 visible"
+        assert "trainer.devices=1" in plan[path] and "trainer.strategy=ddp" in plan[path]
+    checks = {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data", 40, "/tmp/x")}
+    assert all(c.needs_gpus == 1 for c in checks.values())
+
+
+def test_benchmark_pass_mark_is_nvidias_number_for_the_gpu() -> None:
+    assert gpu_check.pass_mark("NVIDIA A100-SXM4-80GB", "dgxa100")[0] == 0.9
+    assert gpu_check.pass_mark("Tesla V100-SXM2-16GB", "dgx1v")[0] == 0.9
+    fraction, why = gpu_check.pass_mark("NVIDIA H200", "dgxa100")  # no NVIDIA row: at least the A100's
+    assert fraction == 1.0 and "NVIDIA H200 is not the GPU" in why
 
 
 @pytest.mark.slow
@@ -107,8 +119,9 @@ def test_published_numbers_are_nvidias() -> None:
 
 def test_table_marks_failures() -> None:
     rows = [
-        {"path": "bf16", "status": "ok", "ips": 812.4, "published": None, "note": ""},
+        {"path": "bf16", "status": "ok", "ips": 812.4, "published": None, "syncs": 0.0, "note": ""},
         {"path": "resnet50_amp_benchmark", "status": "FAILED", "ips": None, "published": 2470, "note": "exit 1: x"},
     ]
     text = gpu_check.table(rows, "A100", 8)
-    assert "| bf16 | ok | 812 | - |  |" in text and "| resnet50_amp_benchmark | FAILED | - | 2470 | exit 1: x |" in text
+    assert "| bf16 | ok | 812 | - | 0.00 |  |" in text
+    assert "| resnet50_amp_benchmark | FAILED | - | 2470 | - | exit 1: x |" in text

@@ -6,6 +6,7 @@ then run for real) during a real fit, per micro-batch."""
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections import defaultdict
@@ -20,7 +21,8 @@ import torch.distributed as dist
 import imgcls.train
 from imgcls.distributed import SYNC_EVERY_N_STEPS
 from imgcls.timing import StepTimer
-from tests.conftest import compose_config, tiny_overrides
+from tests import warm_python
+from tests.conftest import ROOT, clean_env, compose_config, free_port, tiny_overrides
 
 # Host-side data loading (decode, augment; in the main process with num_workers=0) calls .item() on CPU
 # tensors that never touch a GPU: not syncs.
@@ -74,10 +76,13 @@ def count_syncs(monkeypatch: pytest.MonkeyPatch, counter: SyncCounter) -> None:
     counting(torch.cuda.Event, "synchronize")
     counting(torch.cuda.Event, "elapsed_time")
     counting(dist, "all_reduce")
+    counting(dist, "broadcast")  # Lightning's per-batch SIGTERM flag under DDP (callbacks/preemption.py)
     counting(dist, "all_gather_object")
     counting(torch.amp.GradScaler, "get_scale")
     # A Python number made into a GPU tensor is a host-to-device copy that waits for the queue (self.log(float)).
-    counting(torch, "tensor", when=lambda *args, **kwargs: kwargs.get("device") is not None)
+    # Not counted: device="cpu" spelled out, which stays on the host on any machine (timm's optimizers keep their
+    # step counters there); a training-device tensor is made with a torch.device (self.device), on CPU runs too.
+    counting(torch, "tensor", when=lambda *args, **kwargs: kwargs.get("device") not in (None, "cpu"))
     real_build = imgcls.train.build_trainer
 
     def build_trainer(cfg, plan, callbacks, loggers):  # noqa: ANN001, ANN202 - the counter first, then the real run's
@@ -102,6 +107,28 @@ def test_default_training_loop_syncs_at_most_once_per_k_steps(
     k = SYNC_EVERY_N_STEPS
     assert len(syncing) <= -(-counter.started // k), "\n".join(f"batch {b}: {c}" for b, c in syncing.items())
     assert set(syncing) <= {step - 1 for step in range(k, counter.started + 1, k)}  # the batch ending step K, 2K
+
+
+@pytest.mark.slow
+def test_ddp_training_loop_syncs_at_most_once_per_k_steps(image_folder: Path, tmp_path: Path) -> None:
+    """The same count on each of 2 gloo ranks (Lightning's launcher): Lightning broadcast a SIGTERM flag from
+    rank 0 and read it with .item() at every training batch."""
+    overrides = tiny_overrides(image_folder, "recipe.epochs=8", "callbacks.progress_bar=none",
+                               "trainer.enable_progress_bar=false", "trainer.devices=2", "trainer.accelerator=cpu",
+                               "data.batch_size=4")
+    env = {**clean_env(), "MASTER_PORT": str(free_port())}
+    result = warm_python.run([ROOT / "tests" / "count_host_syncs.py", str(tmp_path), *overrides], base_env=env,
+                             timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    k = SYNC_EVERY_N_STEPS
+    for rank in (0, 1):
+        counts = json.loads((tmp_path / f"syncs-rank{rank}.json").read_text())
+        started = counts["started"]
+        syncing = {int(batch): calls for batch, calls in counts["calls"].items() if calls}
+        assert started >= 2 * k
+        assert set(syncing) <= {step - 1 for step in range(k, started + 1, k)}, "\n".join(
+            f"rank {rank} batch {b}: {c}" for b, c in syncing.items()
+        )
 
 
 def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -161,3 +161,16 @@ def test_int8_export_of_a_qat_checkpoint_requantizes_its_fine_tuned_weights_for_
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     logits = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
     assert (logits.argmax(1) == fake_quant.argmax(1)).mean() >= 0.9
+
+
+def test_calibration_runs_on_the_gpu_of_each_srun_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun sets SLURM_LOCALID, not LOCAL_RANK: every task used to calibrate on cuda:0 (structural: no GPU here)."""
+    from imgcls.quantization import qat
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    assert qat.calibration_device() == torch.device("cuda", 3)
+    monkeypatch.setenv("LOCAL_RANK", "5")  # Lightning's launcher and torchrun
+    assert qat.calibration_device() == torch.device("cuda", 5)

@@ -144,6 +144,40 @@ def test_nan_loss_stops_naming_step_and_lr_and_keeps_the_last_good_checkpoint(
 
 
 # --- signals ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_imgcls_handles_the_preemption_signals_for_the_whole_run(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From setup to teardown the handlers are imgcls's: Lightning's SIGTERM handler (a dist.broadcast inside a
+    signal handler) was live in setup and teardown, and SIGUSR2 (submitit's) was not handled at all."""
+    import lightning as L
+
+    import imgcls.train
+    from imgcls.callbacks import preemption
+
+    seen: dict[str, list] = {}
+
+    class Handlers(L.Callback):
+        def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            seen["setup"] = [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS]
+
+        def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+            seen["step"] = [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS]
+
+        def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            seen["teardown"] = [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS]
+
+    real_build = imgcls.train.build_trainer
+    monkeypatch.setattr(imgcls.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
+        cfg, plan, [*callbacks, Handlers()], loggers))  # fmt: skip
+    before = [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS]
+    run(compose_config(tiny_overrides(data, "recipe.epochs=1"), run_dir=tmp_path))
+    assert set(seen) == {"setup", "step", "teardown"}
+    for when, handlers in seen.items():
+        assert handlers == [preemption._handle] * 3, when  # noqa: SLF001
+    assert [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS] == before  # given back after the run
+
+
 def _start(argv: list[str], env: dict[str, str] | None = None) -> warm_python.WarmProcess:
     return warm_python.start([ROOT / "train.py", *argv], env={"WANDB_MODE": "offline", **(env or {})})
 

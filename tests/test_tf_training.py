@@ -50,6 +50,9 @@ def test_unknown_optimizer_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError) as info:
         check_config(cfg)
     assert str(info.value) == "recipe.optimizer=adam must be one of sgd, rmsprop, rmsprop_tf"
+    # RMSprop on a recipe without its two numbers (the SGD recipes): one line, not a TypeError traceback
+    with pytest.raises(ConfigError, match=r"^recipe.rmsprop_alpha=null must be set with recipe.optimizer=rmsprop_tf"):
+        check_config(compose_config(["recipe.optimizer=rmsprop_tf"]))
 
 
 def _network(experiment: str) -> nn.Module:
@@ -152,3 +155,44 @@ def test_tf2_ema_decay_ramps_as_tensorflows_dynamic_decay() -> None:
     fixed = ClassificationModule(OmegaConf.to_container(cfg.model, resolve=True),
                                  {**recipe, "ema_dynamic_decay": False}, {"lr": 0.1}, ["a", "b"])  # fmt: skip
     assert fixed.ema.get_decay(3) == recipe["ema_decay"] == 0.9999
+
+
+@pytest.mark.parametrize("name", ["rmsprop_tf", "rmsprop"])
+def test_fp16_overflowed_step_is_skipped_on_the_device(name: str) -> None:
+    """RMSprop under GradScaler gets the found-inf flag as a tensor (no .item()): an overflowed step leaves
+    weights and state as they were; a clean one is the optimizer's own step on the unscaled gradients."""
+    recipe = OmegaConf.merge(compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp"]).recipe, {"optimizer": name})
+    make = lambda: nn.Parameter(torch.tensor([0.5, -0.5, 0.25]))  # noqa: E731
+    weight, reference = make(), make()
+    optimizer = build_optimizer([{"params": [weight], "weight_decay": 1e-5}], recipe, 0.1)
+    assert getattr(optimizer, "_step_supports_amp_scaling", False)
+    plain = build_optimizer([{"params": [reference], "weight_decay": 1e-5}], recipe, 0.1, fused=False)
+    assert not getattr(plain, "_step_supports_amp_scaling", False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    item_calls = []
+    real_item = torch.Tensor.item
+
+    def item(self: torch.Tensor) -> float:
+        item_calls.append(self)
+        return real_item(self)
+
+    for grad in ([1e-3, -2e-2, 3e-3], [float("inf"), 1.0, 0.0], [5e-3, 4e-2, -1e-3], [float("nan"), 0.0, 0.0]):
+        scale = float(scaler.scale(torch.ones(())))  # (the first call makes the scale tensor)
+        before = (weight.detach().clone(), {k: v.clone() for k, v in optimizer.state[weight].items()})
+        weight.grad = torch.tensor(grad) * scale
+        torch.Tensor.item = item
+        try:
+            scaler.step(optimizer)
+        finally:
+            torch.Tensor.item = real_item
+        scaler.update()
+        if all(math.isfinite(g) for g in grad):
+            reference.grad = torch.tensor(grad)
+            plain.step()
+            assert torch.allclose(weight, reference)
+        else:  # skipped: nothing moved, nothing became non-finite
+            assert torch.equal(weight.detach(), before[0]) and torch.isfinite(weight).all()
+            for key, value in optimizer.state[weight].items():
+                if key != "step" and key in before[1]:
+                    assert torch.equal(value, before[1][key]), key
+        assert item_calls == []

@@ -409,6 +409,13 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
                 f"data.batch_size={batch} must be even with recipe.mixup={recipe.get('mixup')} / "
                 f"recipe.cutmix={recipe.get('cutmix')} (timm's Mixup pairs the samples of a batch)"
             )
+    if recipe is not None and str(recipe.get("optimizer")).startswith("rmsprop"):
+        for key in ("rmsprop_alpha", "rmsprop_eps"):
+            if recipe.get(key) is None:
+                raise ConfigError(
+                    f"recipe.{key}=null must be set with recipe.optimizer={recipe.optimizer} (e.g. as "
+                    "recipe=tf2_efficientnet sets it: rmsprop_alpha=0.9, rmsprop_eps=0.001)"
+                )
     model = cfg.get("model")
     if recipe is not None and recipe.get("qat") and model is not None and not model.get("weights"):
         raise ConfigError(

@@ -3,6 +3,7 @@ and biases)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -24,8 +25,71 @@ def parameter_groups(net: nn.Module, weight_decay: float, norm_bias_weight_decay
     return param_groups_weight_decay(net, weight_decay=weight_decay)
 
 
+class SkipsOverflowedSteps:
+    """Mixin for a torch optimizer: under fp16 loss scaling it skips an overflowed step on the device.
+
+    torch.amp.GradScaler.step reads the found-inf flag with .item() before stepping an optimizer that cannot
+    skip a step itself: a host sync every optimizer step (every EfficientNet AMP run, with RMSprop). An
+    optimizer that declares `_step_supports_amp_scaling` is handed the scale (`grad_scale`; None once
+    unscaled) and the flag (`found_inf`) as device tensors instead. This step unscales the gradients, runs the
+    optimizer's own step, and then puts back, where the flag is set, the parameters and state it had before;
+    all on the device, in a handful of kernels (a flat copy and one where per dtype). Hand-written: torch's
+    fused kernels do this for SGD and Adam(W) only, timm's optimizers not at all. Host-side counters (a CPU
+    `step` tensor, unused by RMSprop's update) still count a skipped step."""
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None:  # no GradScaler (fp32, bf16), or stepped directly
+            return super().step(closure)  # type: ignore[misc]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]  # type: ignore[attr-defined]
+        grads = [p.grad for p in params]
+        scale = getattr(self, "grad_scale", None)
+        if scale is not None:
+            torch._foreach_mul_(grads, scale.double().reciprocal().float())
+        overflowed = found_inf.bool()
+        if any(not self.state[p] for p in params):  # type: ignore[attr-defined]
+            # State made in this step has nothing to be put back to: give it finite gradients (once, rarely).
+            for grad in grads:
+                grad.copy_(torch.where(overflowed, torch.zeros_like(grad), grad))
+        kept = [p for p in params] + [
+            t
+            for p in params
+            for t in self.state[p].values()  # type: ignore[attr-defined]
+            if torch.is_tensor(t) and t.device == p.device
+        ]
+        before = _flat_copies(kept)
+        super().step()  # type: ignore[misc]
+        for (device, _dtype), (tensors, flat) in before.items():
+            after = torch.cat([t.reshape(-1) for t in tensors])
+            chosen = torch.where(overflowed.to(device), flat, after)
+            torch._foreach_copy_(
+                tensors, [v.view_as(t) for v, t in zip(chosen.split([t.numel() for t in tensors]), tensors)]
+            )
+        return loss
+
+
+def _flat_copies(tensors: list[torch.Tensor]) -> dict[tuple[Any, Any], tuple[list[torch.Tensor], torch.Tensor]]:
+    groups: dict[tuple[Any, Any], list[torch.Tensor]] = defaultdict(list)
+    for t in tensors:
+        groups[(t.device, t.dtype)].append(t)
+    return {key: (group, torch.cat([t.reshape(-1) for t in group])) for key, group in groups.items()}
+
+
+def skips_overflowed_steps(optimizer_class: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """optimizer_class with SkipsOverflowedSteps (same name, arguments, state dict)."""
+    return type(optimizer_class.__name__, (SkipsOverflowedSteps, optimizer_class), {})
+
+
 def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = True) -> torch.optim.Optimizer:
-    """fused=False when gradients are clipped: a fused optimizer unscales inside its step, after clipping."""
+    """fused=False when gradients are clipped: a fused optimizer (or one that skips overflowed steps itself)
+    unscales inside its step, after clipping."""
     name = recipe.optimizer
     if name == "sgd":
         # fused: one kernel per step, and under fp16 loss scaling no host sync per step: GradScaler hands the
@@ -35,7 +99,8 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
             groups, lr=lr, momentum=float(recipe.momentum), nesterov=bool(recipe.nesterov), fused=fused
         )
     if name == "rmsprop":
-        return torch.optim.RMSprop(
+        rmsprop = skips_overflowed_steps(torch.optim.RMSprop) if fused else torch.optim.RMSprop
+        return rmsprop(
             groups,
             lr=lr,
             alpha=float(recipe.rmsprop_alpha),
@@ -48,7 +113,8 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
         # RMSprop adds eps outside the root, so with eps=1e-3 the two differ by orders of magnitude on small
         # gradients. timm's RMSpropTF is TF's update; it starts the square average at 1 (TF1's slot init;
         # Keras' RMSprop slot starts at 0, a difference that only matters in the first, warmup, steps).
-        return RMSpropTF(
+        rmsprop_tf = skips_overflowed_steps(RMSpropTF) if fused else RMSpropTF
+        return rmsprop_tf(
             groups,
             lr=lr,
             alpha=float(recipe.rmsprop_alpha),

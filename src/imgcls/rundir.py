@@ -23,6 +23,9 @@ QUIET_RANK_OVERRIDES = (
     "~hydra.job_logging.handlers.file",
 )
 
+# SLURM job names of an interactive shell (the names lightning.fabric's _is_slurm_interactive_mode checks).
+INTERACTIVE_JOBS = ("bash", "interactive")
+
 
 def is_rank_zero(env: Mapping[str, str] | None = None) -> bool:
     """Whether this process is global rank 0 as the launcher announced it, before any process group exists.
@@ -39,8 +42,10 @@ def is_rank_zero(env: Mapping[str, str] | None = None) -> bool:
 def launch_id(env: Mapping[str, str] | None = None) -> str | None:
     """The id shared by every process of an external multi-process launch, or None if not launched so.
 
-    torchrun: its rendezvous id (`--rdzv-id`, a fresh uuid with `--standalone`); srun with several
-    tasks: the SLURM job id, which a requeued job keeps, so that `ckpt_path=last` finds its checkpoints."""
+    torchrun: its rendezvous id (`--rdzv-id`, a fresh uuid with `--standalone`); a SLURM batch job, with one
+    task or several: the job id, which a requeued job keeps, so that it finds its checkpoints (Lightning's
+    hpc_ckpt, `ckpt_path=last`). An interactive allocation (job name bash or interactive, as Lightning's
+    SLURMEnvironment tells them apart) keeps the timestamped dir: each command in it is a new run."""
     env = os.environ if env is None else env
     if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE") or 1) > 1:
         run_id = env["TORCHELASTIC_RUN_ID"]
@@ -50,7 +55,7 @@ def launch_id(env: Mapping[str, str] | None = None) -> str | None:
                 "--rdzv-id=ID (or --standalone on one node)"
             )
         return run_id
-    if env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS") or 1) > 1:
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_NTASKS") and env.get("SLURM_JOB_NAME") not in INTERACTIVE_JOBS:
         return env["SLURM_JOB_ID"]
     return None
 

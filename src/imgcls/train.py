@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.order import training_callbacks
+from imgcls.callbacks.preemption import preemption_signals
 from imgcls.checkpoint import check_resumable, check_writable, resolve_ckpt_path
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
@@ -25,6 +26,12 @@ log = logging.getLogger(__name__)
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) one run; return the run summary of report.json."""
+    # SIGTERM/SIGUSR1/SIGUSR2 are imgcls's for the whole run, setup and teardown too (callbacks/preemption.py).
+    with preemption_signals():
+        return _train(cfg)
+
+
+def _train(cfg: DictConfig) -> dict[str, float]:
     # 1. Check: every value once, before anything is built or written (one line per bad value).
     check_config(cfg)
 

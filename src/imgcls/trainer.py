@@ -10,6 +10,7 @@ import lightning as L
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
+from imgcls.callbacks.preemption import without_lightning_signal_handling
 from imgcls.checkpoint import AtomicCheckpointIO
 from imgcls.errors import ConfigError
 from imgcls.plan import RunPlan
@@ -47,6 +48,10 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
             trainer_args["strategy"] = "ddp"
         if trainer_args.get("sync_batchnorm") and trainer_args["accelerator"] == "cpu":
             raise ConfigError("trainer.sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only)")
+    if trainer_args.get("benchmark") is None:
+        # cuDNN autotuning on, as NVIDIA's runs set it (PyTorch main.py: cudnn.benchmark = True), except for a
+        # deterministic run: autotuning may pick a different algorithm per process. Lightning leaves it off.
+        trainer_args["benchmark"] = not cfg.deterministic
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see storage.py)
     if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
         plugins.append(TimmSyncBatchNorm())
@@ -55,7 +60,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         # signal handler, where the checkpoint's collectives meet the other ranks at arbitrary points (a hang
         # under DDP). Preemption saves at a step boundary on every rank, then requeues (callbacks/preemption.py).
         plugins.append(SLURMEnvironment(auto_requeue=False))
-    return L.Trainer(
+    trainer = L.Trainer(
         **trainer_args,
         precision=precision,
         plugins=plugins,
@@ -68,3 +73,5 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         logger=loggers or False,
         enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
     )
+    without_lightning_signal_handling(trainer)  # imgcls's own, for the whole run (callbacks/preemption.py)
+    return trainer

@@ -13,7 +13,7 @@ import lightning as L
 import torch
 
 from imgcls.callbacks.report import ReportCallback
-from imgcls.distributed import SYNC_EVERY_N_STEPS
+from imgcls.distributed import SYNC_EVERY_N_STEPS, gather_objects
 from imgcls.errors import TrainingError
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,15 @@ class FiniteLoss(L.Callback):
                 finite = torch.stack([torch.isfinite(t).all().to(finite.device) for t in tensors]).all()
         bad_step, bad_loss, skipped, max_run, last_loss, ok = torch.stack([*flags, finite.float()]).tolist()
         fault = bad_step >= 0 or max_run >= self.max_consecutive_overflows or not ok
-        # Any rank's fault stops every rank (the others would wait in the next collective).
-        if trainer.world_size > 1 and not trainer.strategy.reduce_boolean_decision(fault, all=False):
+        where = ""
+        # Any rank's fault stops every rank (the others would wait in the next collective), and every rank
+        # names the same fault: the first faulty rank's, not its own clean values.
+        if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(fault, all=False):
+            reports = gather_objects((fault, bad_step, bad_loss, max_run, last_loss, ok))
+            rank = next(r for r, report in enumerate(reports) if report[0])
+            fault, bad_step, bad_loss, max_run, last_loss, ok = reports[rank]
+            where = f" on rank {rank}"
+        elif trainer.world_size > 1:
             fault = False
         self._set_skipped(trainer, pl_module, int(skipped))
         d["skipped"].zero_()
@@ -146,20 +153,20 @@ class FiniteLoss(L.Callback):
             step = int(bad_step)
             epoch, batch, lr = self._where.get(step, (trainer.current_epoch, -1, math.nan))
             raise TrainingError(
-                f"train.loss is {bad_loss} at step {step} (epoch {epoch}, batch {batch}) with lr {lr:.6g}; "
+                f"train.loss is {bad_loss}{where} at step {step} (epoch {epoch}, batch {batch}) with lr {lr:.6g}; "
                 f"found at step {trainer.global_step}, nothing after step {step} was saved, {kept} (resume "
                 "with ckpt_path=last, e.g. with a lower recipe.lr_per_256)"
             )
         if max_run >= self.max_consecutive_overflows:
             lr = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else math.nan
             raise TrainingError(
-                f"fp16 gradients overflowed in {int(max_run)} optimizer steps in a row (precision."
+                f"fp16 gradients overflowed{where} in {int(max_run)} optimizer steps in a row (precision."
                 f"max_consecutive_overflows={self.max_consecutive_overflows}) by step {trainer.global_step}, "
                 f"train.loss (unscaled) {last_loss}, lr {lr:.6g}; the loss scaler skipped them all, {kept} "
                 "(resume with ckpt_path=last, e.g. with a lower recipe.lr_per_256 or precision=fp32)"
             )
         raise TrainingError(
-            f"a weight or buffer of the model is not finite at step {trainer.global_step} (the loss was); "
+            f"a weight or buffer of the model is not finite{where} at step {trainer.global_step} (the loss was); "
             f"not saved, {kept}"
         )
 

@@ -1,10 +1,15 @@
-"""Preemption: SIGTERM and SIGUSR1 save last.ckpt at an optimizer-step boundary, the same step on every rank,
-and exit with 128 + the signal number; under SLURM, SIGUSR1 also requeues the job.
+"""Preemption: SIGTERM, SIGUSR1 and SIGUSR2 save last.ckpt at an optimizer-step boundary, the same step on
+every rank, and exit with 128 + the signal number; under SLURM, SIGUSR1 and SIGUSR2 (submitit's preemption
+signal) also requeue the job.
 
-Lightning's own SIGTERM handling stops only at the end of the epoch on a single process, and raises
-mid-validation without a checkpoint; its SLURM SIGUSR1 handler saves inside the signal handler (collectives at
-an arbitrary point of another rank's step can hang). Host syncs stay out of the per-step path: under DDP the
-flag is agreed on every SYNC_EVERY_N_STEPS optimizer steps.
+The handlers only set a flag, and they are imgcls's for the whole run (`preemption_signals()`, around
+imgcls.train.run: setup, the DALI build, teardown too), not only inside fit's training loop. Lightning's own
+handling is switched off (`without_lightning_signal_handling`): its SIGTERM handler calls dist.broadcast inside
+the signal handler, its training loop broadcasts a SIGTERM flag from rank 0 and reads it with .item() at every
+training batch under DDP (a host sync per micro-batch), it stops only at the end of the epoch on a single
+process, and its SLURM SIGUSR1 handler saves inside the signal handler (collectives at an arbitrary point of
+another rank's step can hang). Host syncs stay out of the per-step path: under DDP the flag is agreed on every
+SYNC_EVERY_N_STEPS optimizer steps.
 """
 
 from __future__ import annotations
@@ -14,14 +19,19 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from imgcls.distributed import SYNC_EVERY_N_STEPS, gather_objects
+from imgcls.rundir import is_rank_zero
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +51,83 @@ def slurm_job_id() -> str:
     return os.environ["SLURM_JOB_ID"]
 
 
-class Preemption(L.Callback):
-    """Signals set a flag; the save happens at an optimizer-step boundary, on every rank at the same step.
+# The preemption signals: SIGTERM (SLURM's and Kubernetes' stop), SIGUSR1 (`sbatch --signal=SIGUSR1@300`),
+# SIGUSR2 (submitit's timeout/preemption signal, hydra/launcher=slurm).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_received: list[int] = []  # the signals received since preemption_signals() was entered (handlers only append)
+_in_training_loop: list[bool] = [False]  # set by Preemption between on_train_start and on_train_end
+_launchers: list[Any] = []  # Lightning's launcher of this run: its child ranks get a signal that stops us early
 
-    Single process: the flag is read at every optimizer step (a Python bool, no sync). Under DDP one
+
+def received_signal() -> int | None:
+    """The first preemption signal this process received during the run, or None."""
+    return _received[0] if _received else None
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    if _in_training_loop[0]:
+        return  # only a flag: Preemption saves at the next optimizer-step boundary, the same on every rank
+    # Before training (setup, the DALI build) or after it (teardown) there is no step to save: stop now, without
+    # any collective; a SLURM job is requeued first, to resume from the checkpoint it already has.
+    for launcher in _launchers:  # Lightning's SIGTERM handler did this too: ranks >= 1 would wait for rank 0
+        if hasattr(launcher, "kill"):
+            launcher.kill(signum)
+    if SLURMEnvironment.detect() and signum in (signal.SIGUSR1, signal.SIGUSR2) and is_rank_zero():
+        requeue_slurm_job()
+    raise Preempted(signum)
+
+
+def requeue_slurm_job() -> None:
+    job = slurm_job_id()
+    code = subprocess.call(["scontrol", "requeue", job])
+    if code:
+        log.warning("scontrol requeue %s failed with exit code %d", job, code)
+    else:
+        log.warning("requeued SLURM job %s", job)
+
+
+@contextmanager
+def preemption_signals() -> Iterator[None]:
+    """imgcls's handlers for the preemption signals, for everything inside (a whole training run), then the
+    previous ones again. Outside the main thread (no handlers can be set there) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _received.clear()
+    _launchers.clear()
+    _in_training_loop[0] = False
+    previous = {signum: signal.signal(signum, _handle) for signum in PREEMPTION_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def without_lightning_signal_handling(trainer: L.Trainer) -> None:
+    """Switch off Lightning's signal handlers and its per-batch SIGTERM broadcast (why: the module docstring).
+    Both are private Lightning names (2.6): if they move, this fails loudly instead of silently syncing."""
+    connector = trainer._signal_connector  # noqa: SLF001
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(connector, "register_signal_handlers") or not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        raise RuntimeError("lightning's signal handling moved: update imgcls/callbacks/preemption.py")
+    connector.register_signal_handlers = lambda: None
+    epoch_loop._broadcast_sigterm_tensor = lambda: None  # noqa: SLF001
+    if trainer.strategy.launcher is not None:
+        _launchers.append(trainer.strategy.launcher)
+
+
+class Preemption(L.Callback):
+    """A preemption signal's save happens at an optimizer-step boundary, on every rank at the same step.
+
+    Single process: the flag is read at every optimizer step (a Python list, no sync). Under DDP one
     rank's signal must stop all ranks at the same step, which takes an all-reduce; it runs every
     `every_n_steps` optimizer steps (at the same steps on every rank), so a signal is acted on within
-    that many steps. Under SLURM (`slurm_requeue`), SIGUSR1 additionally links the checkpoint as
+    that many steps. Under SLURM (`slurm_requeue`), SIGUSR1 and SIGUSR2 additionally link the checkpoint as
     Lightning's hpc_ckpt_N.ckpt (what a requeued run with ckpt_path=null resumes from) and rank 0 runs
-    `scontrol requeue`; Lightning's own SIGUSR1 handler is off (trainer.build_trainer) because it saves
-    inside the signal handler, where the checkpoint's collectives can meet another rank mid-step."""
+    `scontrol requeue`. A signal received before training started (setup, the DALI build) is acted on at the
+    first step boundary."""
 
     def __init__(
         self, last_path: str | Path, slurm_requeue: bool = False, every_n_steps: int = SYNC_EVERY_N_STEPS
@@ -58,19 +135,18 @@ class Preemption(L.Callback):
         self.last_path = Path(last_path)
         self.slurm_requeue = slurm_requeue
         self.every_n_steps = every_n_steps
-        self.signals = [signal.SIGTERM, signal.SIGUSR1]
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
         self._step = -1
 
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum  # only a flag: the save happens in the training loop, at a consistent point
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After Lightning registered its handlers (Trainer._run), so ours replace its SIGTERM notifier.
-        for signum in self.signals:
-            self._previous[signum] = signal.signal(signum, self._handler)
         self._step = trainer.global_step
+        _in_training_loop[0] = True
+
+    # Lightning calls on_exception (and not on_train_end) when the loop ends with an exception, Preempted too.
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        _in_training_loop[0] = False
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        _in_training_loop[0] = False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -78,7 +154,7 @@ class Preemption(L.Callback):
         if trainer.global_step == self._step:
             return  # inside a gradient-accumulation window: its partial gradients are not in a checkpoint
         self._step = trainer.global_step
-        pending = self.received is not None or trainer.received_sigterm  # (before on_train_start: Lightning's flag)
+        pending = received_signal() is not None
         if trainer.world_size > 1:
             if trainer.global_step % self.every_n_steps:
                 return
@@ -86,10 +162,10 @@ class Preemption(L.Callback):
         if not pending:
             return
         # Ranks that did not receive the signal themselves agree on what to do from the one that did.
-        signum = max(gather_objects(self.received or 0)) or signal.SIGTERM
+        signum = max(gather_objects(received_signal() or 0)) or signal.SIGTERM
         log.warning("received signal %d: saving %s at step %d and exiting", signum, self.last_path, trainer.global_step)
         trainer.save_checkpoint(self.last_path)
-        if self.slurm_requeue and signum == signal.SIGUSR1:
+        if self.slurm_requeue and signum in (signal.SIGUSR1, signal.SIGUSR2):
             self._requeue(trainer)
         raise Preempted(signum)
 
@@ -100,22 +176,6 @@ class Preemption(L.Callback):
                 os.link(self.last_path, hpc)
             except OSError:  # a filesystem without hard links
                 shutil.copyfile(self.last_path, hpc)
-            job = slurm_job_id()
-            code = subprocess.call(["scontrol", "requeue", job])
-            if code:
-                log.warning("scontrol requeue %s failed with exit code %d", job, code)
-            else:
-                log.warning("requeued SLURM job %s; it resumes from %s", job, hpc)
+            requeue_slurm_job()
+            log.warning("the requeued job resumes from %s", hpc)
         trainer.strategy.barrier("imgcls_requeue")
-
-    # Restored here, not in teardown(): Lightning restores its own signal handlers before teardown hooks run.
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}

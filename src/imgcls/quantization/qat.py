@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+
+from imgcls.distributed import launcher_local_rank
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def restore(net: nn.Module, state: dict[str, Any]) -> nn.Module:
 def calibration_device() -> torch.device:
     """This rank's GPU when there is one (calibrating ResNet50 on a CPU takes minutes), else the CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device("cuda", launcher_local_rank() % torch.cuda.device_count())
     return torch.device("cpu")
 
 
