@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from hydra import initialize_config_dir
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from PIL import Image
 
 import imgcls.config  # registers the config resolvers
@@ -46,13 +48,53 @@ if "torch" in sys.modules:  # imported by a plugin before this file: its thread 
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-@functools.lru_cache(maxsize=128)
+# Compositions shared by the xdist workers of one pytest run (and the processes they start): a folder the
+# controller makes before the workers start (they inherit the variable) and removes at the end, keyed by the
+# overrides and a digest of everything composition reads.
+COMPOSE_CACHE_VARIABLE = "IMGCLS_TEST_COMPOSE_CACHE"
+_OWN_COMPOSE_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and COMPOSE_CACHE_VARIABLE not in os.environ:
+        os.environ[COMPOSE_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="imgcls-compose-")
+        config.stash[_OWN_COMPOSE_CACHE] = os.environ[COMPOSE_CACHE_VARIABLE]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    own = session.config.stash.get(_OWN_COMPOSE_CACHE, None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+@functools.cache
+def _composition_inputs() -> str:
+    digest = hashlib.sha256()
+    for path in sorted([*CONF.rglob("*.yaml"), ROOT / "src" / "imgcls" / "config.py"]):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
 def _composed(overrides: tuple[str, ...], config_name: str) -> DictConfig:
-    # Hydra spends ~0.25 s of CPU per composition; several test files compose the same configs (every
-    # experiment: test_config_checks, test_plan_mode, test_configs, ...). Callers get a deep copy (~1/30 of that).
+    # Hydra spends ~0.35 s of CPU per composition; several test files compose the same configs (every
+    # experiment: test_config_checks, test_plan_mode, test_configs, test_published_combinations, ...), on both
+    # xdist workers. Loading a composed config back from YAML takes ~1/20 of that; callers get a deep copy.
     # imgcls.config.compose_config, not Hydra's compose(): task_name is derived from Hydra's own config.
+    folder = os.environ.get(COMPOSE_CACHE_VARIABLE)
+    key = hashlib.sha256(repr((config_name, overrides, _composition_inputs())).encode()).hexdigest()
+    cached = Path(folder or "/nonexistent") / f"{key}.yaml"
+    if cached.is_file():
+        cfg = OmegaConf.create(cached.read_text())
+        OmegaConf.set_struct(cfg, True)  # as Hydra returns it
+        return cfg
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return imgcls.config.compose_config(config_name, list(overrides))
+        cfg = imgcls.config.compose_config(config_name, list(overrides))
+    if folder and Path(folder).is_dir():
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(OmegaConf.to_yaml(cfg))
+        partial.replace(cached)  # whole or absent for the other worker
+    return cfg
 
 
 def compose_config(overrides: list[str], config_name: str = "train", run_dir: Path | None = None) -> DictConfig:

@@ -63,3 +63,34 @@ def test_wandb_media_of_one_command_outlive_another_commands_exit(tmp_path: Path
     for k in range(2):
         result = warm_python.run([script, tmp_path], env={"WANDB_SILENT": "true"})
         assert result.returncode == 0, (k, result.stderr[-2000:])
+
+
+def test_compositions_shared_through_the_cache_folder_equal_hydras(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """conftest._composed hands the other xdist worker a composition as YAML: what it loads back must be what
+    Hydra composes (interpolations kept, values, struct flag)."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict
+
+    import imgcls.config
+    from tests import conftest
+
+    monkeypatch.setenv(conftest.COMPOSE_CACHE_VARIABLE, str(tmp_path))
+    cases = [("experiment=tf2_efficientnet_b4_8xa100_amp",), ("experiment=resnet50_dgxa100_tf32_90e", "seed=3")]
+    for overrides in cases:
+        conftest._composed.cache_clear()
+        written = conftest._composed(overrides, "train")  # composed by Hydra, then written
+        conftest._composed.cache_clear()
+        loaded = conftest._composed(overrides, "train")  # read back
+        assert loaded is not written and OmegaConf.is_struct(loaded)
+        fresh = imgcls.config.compose_config("train", list(overrides))
+        for cfg in (loaded, fresh):
+            assert OmegaConf.to_container(cfg) == OmegaConf.to_container(fresh)
+            resolved = copy.deepcopy(cfg)
+            with open_dict(resolved):
+                resolved.run_dir = "/r"  # ${hydra:...} outside a Hydra run
+            assert OmegaConf.to_container(resolved, resolve=True)["recipe"] == OmegaConf.to_container(
+                OmegaConf.merge(fresh, {"run_dir": "/r"}), resolve=True
+            )["recipe"]
+    assert len(list(tmp_path.glob("*.yaml"))) == len(cases)
+    conftest._composed.cache_clear()
