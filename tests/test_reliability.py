@@ -243,6 +243,35 @@ def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_p
 
 
 @pytest.mark.slow
+def test_submitit_sigusr2_in_a_single_task_job_saves_requeues_and_the_requeued_job_resumes(
+    data: Path, tmp_path: Path
+) -> None:
+    """hydra/launcher=slurm (submitit) preempts with SIGUSR2, which imgcls did not handle (the job died mid-step
+    without a checkpoint), and a single-task job's run dir was timestamped, so the requeued job (same
+    SLURM_JOB_ID, same command, no hydra.run.dir) started from scratch in a new dir."""
+    bin_dir, calls = _fake_scontrol(tmp_path)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5150", "SLURM_NTASKS": "1",
+           "SLURM_JOB_NAME": "sweep_job", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "WANDB_MODE": "offline"}  # fmt: skip
+    argv = [ROOT / "train.py", *tiny_overrides(data, "recipe.epochs=50", "callbacks.checkpoint.every_n_train_steps=2")]
+    proc = warm_python.start(argv, env=env, cwd=tmp_path)
+    run_dir = tmp_path / "outputs" / "train" / "5150"  # the job id: the same dir after the requeue
+    _wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc)
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=60) == 128 + signal.SIGUSR2, proc.stderr.read()[-2000:]
+    assert calls.read_text().splitlines() == ["requeue 5150"]
+    (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")
+    saved_step = torch.load(hpc, map_location="cpu", weights_only=False)["global_step"]
+    assert saved_step > 0
+    # The requeued job: the same command and environment, trained to a few steps past the saved one.
+    again = warm_python.run([*argv, f"trainer.max_steps={saved_step + 2}"], env=env, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "Restoring states from the checkpoint path at" in again.stdout + again.stderr
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == saved_step + 2
+
+
+@pytest.mark.slow
 def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once(data: Path, tmp_path: Path) -> None:
     """Two srun-style gloo ranks; SIGUSR1 reaches rank 1 only (Lightning's handler used to save inside the
     signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere)."""
