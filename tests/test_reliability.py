@@ -310,6 +310,31 @@ def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once
 
 # --- distributed ------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
+def test_bad_files_on_one_rank_keep_the_ranks_steps_equal(backend: str, tmp_path: Path) -> None:
+    """Every file of rank 1's first batch is bad (data.on_bad_image=skip): that rank used to skip the batch and
+    end its epoch one step early, leaving rank 0 waiting in DDP's next all-reduce. Now its next batch is taken
+    once more, and both ranks take the same steps."""
+    root = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
+    files = sorted(str(p) for p in (root / "train").glob("*/*.jpg"))  # the torchvision and DALI readers' order
+    if backend == "torchvision":
+        sampler = RankSampler(len(files), rank=1, world_size=2, shuffle=True, seed=12345, drop_last=True)
+        first_batch = [files[i] for i in list(sampler)[:4]]
+    else:  # DALI's reader gives rank 1 the second half of the files (its part), shuffled within it
+        first_batch = files[len(files) // 2 :]
+    for path in first_batch:
+        Path(path).write_bytes(b"")
+    run_dir = tmp_path / "run"
+    result = run_cli("train.py", *tiny_overrides(root, "data.batch_size=4", f"data.backend={backend}"),
+                     "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.run.dir={run_dir}",
+                     timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 2 * 3  # 2 epochs of 3 steps (24 images, 4 a rank)
+    assert "skipping bad image" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
 def test_ddp_rank_that_fails_does_not_hang_the_other(data: Path, tmp_path: Path) -> None:
     """Rank 1 meets a real bad file (data.on_bad_image=error) in its first batch; rank 0 must not wait forever."""
     root = tmp_path / "data"

@@ -16,14 +16,17 @@ with the file's path. callbacks/bad_image_report.py puts the skipped files of ev
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from PIL import Image, ImageFile
 from torch.utils.data import default_collate
 
 from imgcls.errors import ConfigError, DataError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,26 @@ def collate_dropping_bad(samples: list[Any]) -> tuple[Any, ...]:
     else:  # every file of the batch was bad: an empty batch, which the loader does not yield
         images, labels = torch.empty(0), torch.empty(0, dtype=torch.int64)
     return images, labels, bad
+
+
+def equal_step_counts(batches: Iterable[T | None], refill: bool) -> Iterator[T]:
+    """The usable batches of an epoch; `None` marks one that bad files left unusable (empty, or a single sample
+    in training). On one process it is skipped. Under DDP (`refill`) every rank must take the same number of
+    steps, or the others wait in the next collective for one that ended its epoch early: the next usable batch
+    is yielded once more for each skipped one (at an epoch's end, the last one). That is the next batch, not an
+    earlier one, because a DALI batch's buffers may be refilled once the consumer has moved past it."""
+    owed, last = 0, None
+    for batch in batches:
+        if batch is None:
+            owed += refill
+            continue
+        last = batch
+        for _ in range(1 + owed):
+            yield batch
+        owed = 0
+    if last is not None:
+        for _ in range(owed):
+            yield last
 
 
 class BadImageLog:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from imgcls.data.bad_images import equal_step_counts
 from imgcls.seeding import sample_seed
 
 
@@ -102,14 +103,17 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # Lightning swaps in a SequentialSampler for trainer.overfit_batches: nothing to resume there.
         self._consumed = getattr(self.sampler, "pending_skip", 0)
+        refill = self.drop_last and getattr(self.sampler, "world_size", 1) > 1  # training under DDP
+        yield from equal_step_counts(self._usable_batches(), refill)
+
+    def _usable_batches(self) -> Iterator[tuple[Any, Any] | None]:
         for images, labels, bad in super().__iter__():
             self._consumed += self.batch_size or 0
             if bad and self.bad_images is not None:
                 self.bad_images.record(bad)
-            # A batch left empty by bad files is not yielded; in training (drop_last) neither is one left
+            # A batch left empty by bad files is not usable; in training (drop_last) neither is one left
             # with a single sample, which BatchNorm cannot normalize (only possible with tiny batches).
-            if len(labels) >= (2 if self.drop_last else 1):
-                yield images, labels
+            yield (images, labels) if len(labels) >= (2 if self.drop_last else 1) else None
 
     def state_dict(self) -> dict[str, Any]:
         if not isinstance(self.sampler, RankSampler):

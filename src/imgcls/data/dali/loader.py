@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
 
-from imgcls.data.bad_images import BadImageLog, BadSample
+from imgcls.data.bad_images import BadImageLog, BadSample, equal_step_counts
 from imgcls.data.dali.host_resize import HostResize
 from imgcls.data.dali.pipelines import READER
 from imgcls.data.dali.thread_executor import OneThreadExecutor
@@ -114,6 +114,7 @@ class DaliLoader:
         self.bad_images = bad_images or BadImageLog("skip")
         self.batch_size = batch_size
         self.drop_last = drop_last
+        self.refill = drop_last and world_size > 1  # training under DDP: equal step counts (equal_step_counts)
         self.trace = trace
         self.epoch = 0
         total = len(files)
@@ -217,6 +218,18 @@ class DaliLoader:
             result = (*result, out["crop_shape"].clone())
         return _Batch(read, bad, result)
 
+    def _results(self, worker: Any, trace: Any) -> Iterator[tuple[torch.Tensor, ...] | None]:
+        """The epoch's batches; None for one that bad files left unusable (an empty PARTIAL end is no batch)."""
+        for batch in self._background_epoch(worker) if worker is not None else self._epoch():
+            if trace is not None:  # what the reader read, bad files included
+                trace.write(" ".join(self.files.trace_tokens(batch.read)) + "\n")
+            if batch.bad.numel():
+                self._record_bad(batch.bad)
+            if batch.result is not None:
+                yield batch.result
+            elif batch.bad.numel():
+                yield None
+
     def _wanted(self) -> bool:
         """Whether the DALI batch just taken is one of the epoch's `length` (train: the rest is padding and
         records past the smallest part's full batches, read only to end the reader's epoch)."""
@@ -294,13 +307,7 @@ class DaliLoader:
             self.trace.parent.mkdir(parents=True, exist_ok=True)
             trace = open(f"{self.trace}_epoch{self.epoch}.txt", "w")  # noqa: SIM115 - closed below
         try:
-            for batch in self._background_epoch(worker) if worker is not None else self._epoch():
-                if trace is not None:  # what the reader read, bad files included
-                    trace.write(" ".join(self.files.trace_tokens(batch.read)) + "\n")
-                if batch.bad.numel():
-                    self._record_bad(batch.bad)
-                if batch.result is not None:
-                    yield batch.result
+            yield from equal_step_counts(self._results(worker, trace), self.refill)
         finally:
             if self._stop is not None:  # the consumer raised (e.g. data.on_bad_image=error) or left early
                 self._stop.set()
