@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from imgcls.choices import CONV_INITS, OPTIMIZERS, SCHEDULES
+from imgcls.choices import CONV_INITS, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_SETS
 from imgcls.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ TRAIN: dict[str, Check] = {
     "recipe.lr_milestones": numbers(None, 0, ordered=True),
     "recipe.global_batch_size": POSITIVE_OR_NULL,
     "recipe.weight_decay": number(0, null=True),
-    "recipe.norm_bias_weight_decay": boolean,
+    "recipe.weight_decay_on": choice(*WEIGHT_DECAY_SETS),  # optimizer.py parameter_groups
     "recipe.label_smoothing": RATE,
     "recipe.mixup": number(0),  # Beta(alpha, alpha); 0 = off
     "recipe.cutmix": number(0),

@@ -39,6 +39,9 @@ class ClassificationModule(L.LightningModule):
         # A checkpoint written before a key existed lacks it: the documented "off" value, explicitly.
         self.model_cfg = _ns({**MODEL_DEFAULTS, **model})
         self.recipe = _ns({**RECIPE_DEFAULTS, **recipe})
+        if "weight_decay_on" not in recipe:  # a checkpoint from before the key: its boolean said the same
+            old = recipe.get("norm_bias_weight_decay")
+            self.recipe["weight_decay_on"] = "all" if old else "conv_and_linear_weights"
         self.plan = plan
         self.classes = list(classes)
         num_classes = len(self.classes)
@@ -189,7 +192,7 @@ class ClassificationModule(L.LightningModule):
                 metric.reset()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        groups = parameter_groups(self.net, self.plan["weight_decay"], bool(self.recipe.norm_bias_weight_decay))
+        groups = parameter_groups(self.net, self.plan["weight_decay"], self.recipe.weight_decay_on)
         clipping = bool(self.trainer.gradient_clip_val)  # Lightning refuses fused optimizers with clipping
         optimizer = build_optimizer(groups, self.recipe, self.plan["lr"], fused=not clipping)
         scheduler = recipe_scheduler(optimizer, self.trainer, self.recipe)
@@ -220,7 +223,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "weights": None, "channels_last": False,
 }  # fmt: skip
 RECIPE_DEFAULTS: dict[str, Any] = {
-    "nesterov": False, "end_lr": 0.0, "norm_bias_weight_decay": False, "label_smoothing": 0.0, "mixup": 0.0,
+    "nesterov": False, "end_lr": 0.0, "label_smoothing": 0.0, "mixup": 0.0,
     "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
     "ema_dynamic_decay": False,
 }  # fmt: skip
