@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -222,6 +223,71 @@ def test_tf2_optimizer_steps_as_tensorflow_keras_does() -> None:
     _tf2_recipe_steps(net, steps, lr)
     for p, want in zip(net.parameters(), keras["weights"]):
         assert torch.allclose(p.detach().reshape(-1), torch.tensor(want), rtol=1e-5, atol=1e-7)
+
+
+# NVIDIA TF2's AutoAugment (DeepLearningExamples 729963dd): dataloader/augment.py:753-757 AutoAugment(
+# augmentation_name='v0', cutout_const=100, translate_const=250), built with no arguments by the scripts (no
+# --autoaugmentation_name / --translate_const, utils/cmdline_helper.py:246-259, runtime/runner_utils.py:93-110).
+# The first sub-policies of policy_v0, augment.py:864-868, as (op, probability, magnitude):
+NVIDIA_V0_FIRST = [
+    [("Equalize", 0.8, 1), ("ShearY", 0.8, 4)],
+    [("Color", 0.4, 9), ("Equalize", 0.6, 3)],
+    [("Color", 0.4, 1), ("Rotate", 0.6, 8)],
+    [("Solarize", 0.8, 3), ("Equalize", 0.4, 7)],
+    [("Solarize", 0.4, 2), ("Solarize", 0.6, 2)],
+]
+
+
+@pytest.mark.parametrize("experiment", ["tf2_efficientnet_b0_8xa100_amp", "tf2_efficientnet_b4_8xa100_amp"])
+def test_tf2_autoaugment_is_nvidias_v0(experiment: str) -> None:
+    from timm.data.auto_augment import AutoAugment
+
+    from imgcls.data.transforms import train_transform
+
+    data = compose_config([f"experiment={experiment}", "data.backend=torchvision"]).data
+    (autoaugment,) = [t for t in train_transform(data).transforms if isinstance(t, AutoAugment)]
+    policy = autoaugment.policy
+    assert len(policy) == 25
+    assert [[(op.name, op.prob, op.magnitude) for op in sub] for sub in policy[:5]] == NVIDIA_V0_FIRST
+    # augment.py:879 [('Rotate', 1.0, 7), ('TranslateY', 0.8, 9)]: TranslateY by 9 / 10 x translate_const 250
+    # = 225 px (augment.py:613-614) whatever the image size; timm's v0 translates by a fraction of the image.
+    translate = policy[15][1]
+    assert (translate.name, translate.prob, translate.magnitude) == ("TranslateYRel", 0.8, 9)
+    (fraction,) = translate.level_fn(translate.magnitude, translate.hparams)
+    assert abs(fraction) * data.image_size == pytest.approx(225)
+    assert all(op.kwargs["fillcolor"] == (128, 128, 128) for sub in policy for op in sub)  # augment.py:812
+
+
+def test_every_v0_op_runs_and_posterize_keeping_no_bits_is_black() -> None:
+    """v0's ('Posterize', 0.8, 2) keeps int(0.8) = 0 bits in TF (TF2 dataloader/augment.py:374-377, 620-621): a
+    black image. Through timm, PIL refused it (ValueError) and the training run died."""
+    from PIL import Image
+    from timm.data.auto_augment import AutoAugment
+
+    from imgcls.data.transforms import train_transform
+
+    data = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp", "data.backend=torchvision"]).data
+    (autoaugment,) = [t for t in train_transform(data).transforms if isinstance(t, AutoAugment)]
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    for sub_policy in autoaugment.policy:
+        for op in sub_policy:
+            args = op.level_fn(op.magnitude, op.hparams) if op.level_fn else ()
+            out = op.aug_fn(image, *args, **op.kwargs)
+            assert out.size == image.size and out.mode == "RGB"
+            if op.name == "Posterize" and op.magnitude == 2:
+                assert not np.asarray(out).any()
+
+
+def test_dali_refuses_an_autoaugment_policy_it_does_not_have() -> None:
+    cfg = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp", "data.backend=dali_cpu",
+                          "recipe.autoaugment_policy=original"])  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg)
+    assert str(info.value) == (
+        "data.autoaugment_policy=original must be v0 with data.backend=dali_cpu (DALI's AutoAugment has the v0 "
+        "policy only); use data.backend=torchvision for another policy"
+    )
+    check_config(compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp", "data.backend=dali_cpu"]))
 
 
 def test_unknown_optimizer_is_refused_in_one_line() -> None:
