@@ -402,6 +402,34 @@ def test_tf2_ema_decay_ramps_as_tensorflows_dynamic_decay() -> None:
     assert fixed.ema.get_decay(3) == recipe["ema_decay"] == 0.9999
 
 
+@pytest.mark.parametrize(
+    "experiment", ["tf1_resnet50_dgx1v_amp_250e", "tf2_efficientnet_b4_8xa100_amp", "resnet50_dgxa100_amp_250e"]
+)
+def test_mixup_draws_one_lambda_per_sample_for_the_tf_recipes(experiment: str) -> None:
+    """TF1 (model/resnet.py:157-165) and TF2 (dataloader/dataset_factory.py:118-125) draw a Beta lambda per
+    sample and mix it with the reversed batch; NVIDIA PyTorch (image_classification/mixup.py:22) one per batch
+    (DeepLearningExamples 729963dd). Sample i is the constant image i: its mixed value gives its lambda."""
+    from imgcls.module import ClassificationModule
+
+    cfg = compose_config([f"experiment={experiment}", "model=resnet18"])
+    recipe = OmegaConf.to_container(cfg.recipe, resolve=True)
+    assert recipe["mixup"] == 0.2
+    module = ClassificationModule(OmegaConf.to_container(cfg.model, resolve=True), recipe, {"lr": 0.1},
+                                  [str(i) for i in range(10)])  # fmt: skip
+    module.train()
+    n = 8
+    images = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 4, 4).contiguous()
+    np.random.seed(0)
+    mixed, _, targets = module._mix(images, torch.arange(n))
+    own, partner = torch.arange(n).float(), torch.arange(n).flip(0).float()
+    lam = (mixed[:, 0, 0, 0] - partner) / (own - partner)
+    smoothing = recipe["label_smoothing"]
+    assert torch.allclose(targets[torch.arange(n), torch.arange(n)], lam * (1 - smoothing) + smoothing / 10, atol=1e-5)
+    per_sample = recipe["mixup_mode"] == "elem"
+    assert per_sample == experiment.startswith(("tf1_", "tf2_"))
+    assert (len(set(lam.round(decimals=5).tolist())) > 1) is per_sample
+
+
 @pytest.mark.parametrize("name", ["rmsprop_tf", "rmsprop"])
 def test_fp16_overflowed_step_is_skipped_on_the_device(name: str) -> None:
     """RMSprop under GradScaler gets the found-inf flag as a tensor (no .item()): an overflowed step leaves

@@ -19,3 +19,5 @@ WEIGHT_DECAY_SETS = ("conv_and_linear_weights", "all_but_norm", "all_but_norm_an
 # timm AutoAugment policies (recipe.autoaugment_policy). v0 is the list of NVIDIA's PyTorch IC/autoaugment.py,
 # TF2 dataloader/augment.py policy_v0 and DALI's image_net policy; original is the AutoAugment paper's table.
 AUTOAUGMENT_POLICIES = ("v0", "v0r", "original", "originalr")
+# timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.
+MIXUP_MODES = ("batch", "pair", "elem")

@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from imgcls.choices import AUTOAUGMENT_POLICIES, CONV_INITS, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_SETS
+from imgcls.choices import AUTOAUGMENT_POLICIES, CONV_INITS, MIXUP_MODES, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_SETS
 from imgcls.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -215,6 +215,7 @@ TRAIN: dict[str, Check] = {
     "recipe.label_smoothing": RATE,
     "recipe.mixup": number(0),  # Beta(alpha, alpha); 0 = off
     "recipe.cutmix": number(0),
+    "recipe.mixup_mode": choice(*MIXUP_MODES),  # timm Mixup mode: one lambda per batch / pair / sample
     "recipe.augment": anything,
     "recipe.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),  # timm's name; DALI runs v0 only
     "recipe.interpolation": anything,

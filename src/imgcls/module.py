@@ -18,6 +18,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from imgcls.choices import MIXUP_MODES
+from imgcls.errors import ConfigError
 from imgcls.models import build_network
 from imgcls.optimizer import build_optimizer, parameter_groups
 from imgcls.scheduler import recipe_scheduler
@@ -225,7 +227,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
 RECIPE_DEFAULTS: dict[str, Any] = {
     "nesterov": False, "end_lr": 0.0, "label_smoothing": 0.0, "mixup": 0.0,
     "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
-    "ema_dynamic_decay": False,
+    "ema_dynamic_decay": False, "mixup_mode": "batch",
 }  # fmt: skip
 
 
@@ -247,11 +249,15 @@ def _build_mixup(recipe: Any, num_classes: int) -> Mixup | None:
     mixup, cutmix = float(recipe.mixup or 0), float(recipe.cutmix or 0)
     if not (mixup or cutmix):
         return None
-    # One lambda per batch, partner = the flipped batch (timm mode "batch"), smoothing on the targets.
+    # Partner = the flipped batch; recipe.mixup_mode: one lambda per batch (NVIDIA PyTorch) or per sample
+    # (NVIDIA TF1 and TF2), timm's "batch" / "elem"; smoothing on the targets.
+    mode = str(recipe.mixup_mode)
+    if mode not in MIXUP_MODES:
+        raise ConfigError(f"recipe.mixup_mode={mode} is not supported; allowed: {', '.join(MIXUP_MODES)}")
     return Mixup(
         mixup_alpha=mixup,
         cutmix_alpha=cutmix,
         label_smoothing=float(recipe.label_smoothing),
         num_classes=num_classes,
-        mode="batch",
+        mode=mode,
     )
