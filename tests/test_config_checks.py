@@ -30,6 +30,7 @@ BAD = [
     ("model.image_size=-5", "model.image_size=-5 must be a positive integer"),
     ("data.image_size=0", "data.image_size=0 must be a positive integer"),
     ("recipe.weight_decay=-1", "recipe.weight_decay=-1 must be a number >= 0"),
+    ("recipe.weight_decay_on=bn", "recipe.weight_decay_on=bn must be one of conv_and_linear_weights, all_but_norm"),
     ("trainer.max_epochs=-3", "trainer.max_epochs=-3 must be a positive integer (or -1)"),
     ("data.prefetch_factor=0", "data.prefetch_factor=0 must be a positive integer"),
     ("recipe.mixup=-0.2", "recipe.mixup=-0.2 must be a number >= 0"),

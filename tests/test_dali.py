@@ -303,6 +303,25 @@ def test_auto_augment_policies_run_on_cpu(folder: Path, augment: str) -> None:
     assert images.shape == (8, 3, 32, 32) and torch.isfinite(images).all() and labels.dtype == torch.int64
 
 
+def test_dali_auto_augment_translates_in_pixels_as_nvidia(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DALI's image_net policy is NVIDIA's v0; NVIDIA translates by up to 250 px (PYT IC/autoaugment.py:75, TF2
+    dataloader/augment.py:757, DeepLearningExamples 729963dd). Given `shape`, DALI would shift up to the image."""
+    from nvidia.dali.auto_aug import auto_augment
+
+    seen: list[dict] = []
+    real = auto_augment.auto_augment_image_net
+
+    def spy(images, **kwargs):
+        seen.append(kwargs)
+        return real(images, **kwargs)
+
+    monkeypatch.setattr(auto_augment, "auto_augment_image_net", spy)
+    cfg = data_cfg(folder, "recipe.augment=autoaugment", "data.hflip=0")
+    images, _ = next(iter(make_backend(cfg).loader("train", 8, 0, 1, seed=0)))
+    assert seen and all(k.get("max_translate_abs") == 250 and k.get("shape") is None for k in seen)
+    assert torch.isfinite(images).all()
+
+
 @needs_cuda
 def test_dali_gpu_matches_dali_cpu_on_val(folder: Path) -> None:
     cpu_x, cpu_y = epoch(make_backend(data_cfg(folder)).loader("val", 4, 0, 1, 0))

@@ -104,10 +104,12 @@ def test_no_weight_decay_on_any_norm_parameter_or_bias() -> None:
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in net.parameters())
 
 
-def test_norm_bias_weight_decay_switch_decays_everything() -> None:
+def test_weight_decay_on_all_decays_everything() -> None:
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
-    groups = parameter_groups(net, 0.1, norm_bias_weight_decay=True)
+    groups = parameter_groups(net, 0.1, "all")  # NVIDIA PyTorch --bn-weight-decay
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
+    with pytest.raises(ConfigError, match="^recipe.weight_decay_on=bn is not supported; allowed: conv_and_linear"):
+        parameter_groups(net, 0.1, "bn")
 
 
 def test_mixup_targets_are_smoothed_convex_combinations() -> None:

@@ -114,7 +114,9 @@ def test_tf1_experiment_matches_its_script(name: str) -> None:
         == pytest.approx(row["lr"])
         == pytest.approx(float(_flag(common, "--lr_init")) * plan.global_batch / 256)
     )
+    # TF1 adds wd x tf.nn.l2_loss(w) = wd x sum(w^2) / 2 (TF1/model/resnet.py:297-298): a gradient of wd x w.
     assert plan.weight_decay == pytest.approx(row["wd"])
+    assert recipe.weight_decay_on == "all_but_norm"  # TF1/model/resnet.py:283-293 skips BatchNorm only
     assert (recipe.epochs, recipe.mixup) == (row["epochs"], row["mixup"])
     assert recipe.warmup_epochs == float(_flag(common, "--lr_warmup_epochs"))
     assert (recipe.optimizer, recipe.momentum) == ("sgd", float(_flag(common, "--momentum")))
@@ -206,7 +208,10 @@ def test_tf2_experiment_matches_its_script(name: str) -> None:
     assert plan.lr == pytest.approx(lr_init * plan.global_batch / 128)
     if gpus == 8:
         assert plan.lr == pytest.approx(row["lr"])  # the table's "effective LR" column
-    assert plan.weight_decay == pytest.approx(float(_flag(common, "--weight_decay")))
+    # Keras l2(c) adds c x sum(w^2) to the loss: a gradient of 2c x w, torch's coupled weight decay at twice the flag
+    # (TF2/model/blocks/conv2d_block.py:57-58 hands --weight_decay to tf.keras.regularizers.l2).
+    assert plan.weight_decay == pytest.approx(2 * float(_flag(common, "--weight_decay")))
+    assert recipe.weight_decay_on == "all_but_norm_and_depthwise"
     assert (recipe.epochs, recipe.mixup, cfg.model.image_size) == (row["epochs"], row["mixup"], row["image"])
     assert recipe.epochs == int(_flag(common, "--max_epochs"))
     assert recipe.warmup_epochs == float(_flag(common, "--lr_warmup_epochs"))

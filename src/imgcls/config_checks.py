@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from imgcls.choices import CONV_INITS, OPTIMIZERS, SCHEDULES
+from imgcls.choices import AUTOAUGMENT_POLICIES, CONV_INITS, MIXUP_MODES, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_SETS
 from imgcls.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -211,11 +211,13 @@ TRAIN: dict[str, Check] = {
     "recipe.lr_milestones": numbers(None, 0, ordered=True),
     "recipe.global_batch_size": POSITIVE_OR_NULL,
     "recipe.weight_decay": number(0, null=True),
-    "recipe.norm_bias_weight_decay": boolean,
+    "recipe.weight_decay_on": choice(*WEIGHT_DECAY_SETS),  # optimizer.py parameter_groups
     "recipe.label_smoothing": RATE,
     "recipe.mixup": number(0),  # Beta(alpha, alpha); 0 = off
     "recipe.cutmix": number(0),
+    "recipe.mixup_mode": choice(*MIXUP_MODES),  # timm Mixup mode: one lambda per batch / pair / sample
     "recipe.augment": anything,
+    "recipe.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),  # timm's name; DALI runs v0 only
     "recipe.interpolation": anything,
     "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
     "recipe.ema_dynamic_decay": boolean,  # TF2: the EMA decay ramps as min(decay, (1 + t) / (10 + t))
@@ -253,6 +255,7 @@ TRAIN: dict[str, Check] = {
     "data.hflip": number(0, 1),
     "data.interpolation": anything,
     "data.augment": anything,
+    "data.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),
     "data.randaugment": anything,
     "data.mean": numbers(3, 0, 1),
     "data.std": numbers(3, 0, open_low=True),
@@ -408,6 +411,13 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
             raise ConfigError(
                 f"data.batch_size={batch} must be even with recipe.mixup={recipe.get('mixup')} / "
                 f"recipe.cutmix={recipe.get('cutmix')} (timm's Mixup pairs the samples of a batch)"
+            )
+    if data is not None and data.get("augment") == "autoaugment" and str(data.get("backend")).startswith("dali"):
+        policy = data.get("autoaugment_policy")
+        if policy != "v0":  # DALI's only ImageNet AutoAugment policy is v0 (data/dali/pipelines.py)
+            raise ConfigError(
+                f"data.autoaugment_policy={policy} must be v0 with data.backend={data.backend} (DALI's AutoAugment "
+                "has the v0 policy only); use data.backend=torchvision for another policy"
             )
     if recipe is not None and str(recipe.get("optimizer")).startswith("rmsprop"):
         for key in ("rmsprop_alpha", "rmsprop_eps"):

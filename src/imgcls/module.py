@@ -18,6 +18,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from imgcls.choices import MIXUP_MODES
+from imgcls.errors import ConfigError
 from imgcls.models import build_network
 from imgcls.optimizer import build_optimizer, parameter_groups
 from imgcls.scheduler import recipe_scheduler
@@ -39,6 +41,9 @@ class ClassificationModule(L.LightningModule):
         # A checkpoint written before a key existed lacks it: the documented "off" value, explicitly.
         self.model_cfg = _ns({**MODEL_DEFAULTS, **model})
         self.recipe = _ns({**RECIPE_DEFAULTS, **recipe})
+        if "weight_decay_on" not in recipe:  # a checkpoint from before the key: its boolean said the same
+            old = recipe.get("norm_bias_weight_decay")
+            self.recipe["weight_decay_on"] = "all" if old else "conv_and_linear_weights"
         self.plan = plan
         self.classes = list(classes)
         num_classes = len(self.classes)
@@ -189,7 +194,7 @@ class ClassificationModule(L.LightningModule):
                 metric.reset()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        groups = parameter_groups(self.net, self.plan["weight_decay"], bool(self.recipe.norm_bias_weight_decay))
+        groups = parameter_groups(self.net, self.plan["weight_decay"], self.recipe.weight_decay_on)
         clipping = bool(self.trainer.gradient_clip_val)  # Lightning refuses fused optimizers with clipping
         optimizer = build_optimizer(groups, self.recipe, self.plan["lr"], fused=not clipping)
         scheduler = recipe_scheduler(optimizer, self.trainer, self.recipe)
@@ -220,9 +225,9 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "weights": None, "channels_last": False,
 }  # fmt: skip
 RECIPE_DEFAULTS: dict[str, Any] = {
-    "nesterov": False, "end_lr": 0.0, "norm_bias_weight_decay": False, "label_smoothing": 0.0, "mixup": 0.0,
+    "nesterov": False, "end_lr": 0.0, "label_smoothing": 0.0, "mixup": 0.0,
     "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
-    "ema_dynamic_decay": False,
+    "ema_dynamic_decay": False, "mixup_mode": "batch",
 }  # fmt: skip
 
 
@@ -244,11 +249,15 @@ def _build_mixup(recipe: Any, num_classes: int) -> Mixup | None:
     mixup, cutmix = float(recipe.mixup or 0), float(recipe.cutmix or 0)
     if not (mixup or cutmix):
         return None
-    # One lambda per batch, partner = the flipped batch (timm mode "batch"), smoothing on the targets.
+    # Partner = the flipped batch; recipe.mixup_mode: one lambda per batch (NVIDIA PyTorch) or per sample
+    # (NVIDIA TF1 and TF2), timm's "batch" / "elem"; smoothing on the targets.
+    mode = str(recipe.mixup_mode)
+    if mode not in MIXUP_MODES:
+        raise ConfigError(f"recipe.mixup_mode={mode} is not supported; allowed: {', '.join(MIXUP_MODES)}")
     return Mixup(
         mixup_alpha=mixup,
         cutmix_alpha=cutmix,
         label_smoothing=float(recipe.label_smoothing),
         num_classes=num_classes,
-        mode="batch",
+        mode=mode,
     )

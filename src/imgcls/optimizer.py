@@ -1,5 +1,5 @@
-"""The optimizer of the recipes (SGD, RMSprop, TF's RMSprop) and its parameter groups (no weight decay on norms
-and biases)."""
+"""The optimizer of the recipes (SGD, RMSprop, TF's RMSprop) and its parameter groups (which parameters are
+decayed: recipe.weight_decay_on)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,54 @@ import torch
 from timm.optim import RMSpropTF, param_groups_weight_decay
 from torch import nn
 
-from imgcls.choices import OPTIMIZERS
+from imgcls.choices import OPTIMIZERS, WEIGHT_DECAY_SETS
 from imgcls.errors import ConfigError
 
 
-def parameter_groups(net: nn.Module, weight_decay: float, norm_bias_weight_decay: bool = False) -> list[dict]:
-    """Two groups: decayed weights, and every 1-D parameter (all norm-layer weights/biases and all
-    biases) without weight decay. Chosen by parameter kind, not by a substring of its name: NVIDIA's
-    `"bn" in name` test missed the ResNet downsample BN (`downsample.1`)."""
-    if norm_bias_weight_decay:
+def parameter_groups(net: nn.Module, weight_decay: float, decayed: str = "conv_and_linear_weights") -> list[dict]:
+    """The trainable parameters in two groups, decayed and not, by `decayed` (recipe.weight_decay_on):
+
+    - conv_and_linear_weights: every parameter of 2+ dimensions (conv and linear weights); no norm weights or
+      biases. Chosen by parameter kind, not by a substring of its name: NVIDIA PyTorch's `"bn" in name` test
+      missed the ResNet downsample BN (`downsample.1`).
+    - all_but_norm: NVIDIA TF1's set (model/resnet.py loss_filter_fn), biases decayed.
+    - all_but_norm_and_depthwise: NVIDIA TF2 EfficientNet's set, the tensors its Keras layers regularize: the
+      kernel_regularizer it also hands DepthwiseConv2D is never read there (that layer reads
+      depthwise_regularizer), so depthwise kernels go undecayed.
+    - all: every parameter (NVIDIA PyTorch --bn-weight-decay)."""
+    if decayed not in WEIGHT_DECAY_SETS:
+        raise ConfigError(f"recipe.weight_decay_on={decayed} is not supported; allowed: {', '.join(WEIGHT_DECAY_SETS)}")
+    if decayed == "all":
         return [{"params": [p for p in net.parameters() if p.requires_grad], "weight_decay": weight_decay}]
-    # Every timm since 1.0.20 (the pin) excludes 1-D parameters here; `weight_decay_exclude_1d` (default True)
-    # only exists since 1.0.27, so it is not passed.
-    return param_groups_weight_decay(net, weight_decay=weight_decay)
+    if decayed == "conv_and_linear_weights":
+        # Every timm since 1.0.20 (the pin) excludes 1-D parameters here; `weight_decay_exclude_1d` (default
+        # True) only exists since 1.0.27, so it is not passed. Kept (not the loop below) so that the parameter
+        # order within the groups, which a resumed optimizer state relies on, stays that of older checkpoints.
+        return param_groups_weight_decay(net, weight_decay=weight_decay)
+    no_decay: list[nn.Parameter] = []
+    decay: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for module in net.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            skip = isinstance(module, _NORMS) or (
+                decayed == "all_but_norm_and_depthwise" and name == "weight" and _is_depthwise(module)
+            )
+            (no_decay if skip else decay).append(param)
+    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+
+
+_NORMS: tuple[type[nn.Module], ...] = tuple(
+    t for t in (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, getattr(nn, "RMSNorm", None)) if t
+)
+
+
+def _is_depthwise(module: nn.Module) -> bool:
+    # Keras' DepthwiseConv2D: one group per input channel. A grouped conv with fewer groups (ResNeXt) is a
+    # Keras Conv2D(groups=...), which does read kernel_regularizer.
+    return isinstance(module, nn.modules.conv._ConvNd) and module.groups > 1 and module.groups == module.in_channels
 
 
 class SkipsOverflowedSteps:

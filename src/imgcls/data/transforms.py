@@ -7,25 +7,39 @@ from collections.abc import Callable
 from typing import Any
 
 from timm.data import create_transform
+from timm.data.auto_augment import auto_augment_transform
+from timm.data.transforms import str_to_pil_interp
+from torchvision.transforms import Compose
 
-from imgcls.data.augment import augment_policy
+from imgcls.data.augment import augment_policy, autoaugment_hparams, with_tf_posterize
 
 
 def train_transform(cfg: Any, image_size: int | None = None) -> Callable:
     """RandomResizedCrop (area, aspect, interpolation per recipe) -> flip -> [policy] -> normalize."""
-    return create_transform(
-        image_size or cfg.image_size,
+    size = int(image_size or cfg.image_size)
+    policy = augment_policy(cfg)
+    autoaugment = cfg.augment == "autoaugment"
+    stages = create_transform(
+        size,
         is_training=True,
         scale=tuple(cfg.train_crop_scale),
         ratio=tuple(cfg.train_crop_ratio),
         hflip=float(cfg.hflip),
         vflip=0.0,
         color_jitter=None,  # NVIDIA's recipes use none (timm's default would add 0.4)
-        auto_augment=augment_policy(cfg),
+        # timm would build AutoAugment with a translation of 0.45 x the image and the dataset mean as fill:
+        # built below with NVIDIA's instead.
+        auto_augment=None if autoaugment else policy,
         interpolation=cfg.interpolation,
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),
+        separate=True,
     )
+    primary, secondary, final = (list(stage.transforms) for stage in stages)
+    if autoaugment:
+        hparams = autoaugment_hparams(size, str_to_pil_interp(cfg.interpolation))
+        secondary = [with_tf_posterize(auto_augment_transform(policy, hparams))]
+    return Compose(primary + secondary + final)
 
 
 def val_resize_size(cfg: Any, image_size: int) -> int:

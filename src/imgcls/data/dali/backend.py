@@ -213,6 +213,7 @@ class DaliBackend:
                 hflip=float(cfg.hflip),
                 antialias=bool(cfg.get("dali_train_antialias")),
                 augment=cfg.augment,
+                autoaugment_policy=str(cfg.get("autoaugment_policy", "v0")),
                 randaugment=randaugment,
                 with_crop_shape=with_crop_shape,
                 host_resize=host_resize is not None,

@@ -27,6 +27,7 @@ import nvidia.dali.tfrecord as tfrec
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.auto_aug import auto_augment, rand_augment
 
+from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
 from imgcls.data.dali import records
 from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards.tfrecord import IMAGE_KEY, LABEL_KEY
@@ -226,6 +227,7 @@ def train_pipeline(
     fp16: bool = False,
     antialias: bool = False,
     augment: str | None = None,
+    autoaugment_policy: str = "v0",
     randaugment: tuple[int, int] = (2, 9),
     with_crop_shape: bool = False,
     host_resize: bool = False,
@@ -255,7 +257,14 @@ def train_pipeline(
     # antialias=False in training, as NVIDIA (6fcd5f5d "Fix DALI anti-alias flag"): cheaper on CPU.
     images = fn.resize(images, size=[size, size], interp_type=interp_type(interpolation), antialias=antialias)
     if augment == "autoaugment":
-        images = auto_augment.auto_augment_image_net(images, shape=[size, size])
+        if autoaugment_policy != "v0":
+            raise ConfigError(
+                f"data.autoaugment_policy={autoaugment_policy} is not available with DALI (its AutoAugment "
+                "ImageNet policy is v0); use v0 or data.backend=torchvision"
+            )
+        # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0).
+        # Translations in pixels as NVIDIA's (up to 250 px); with `shape` DALI would shift up to the whole image.
+        images = auto_augment.auto_augment_image_net(images, max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS)
     elif augment == "randaugment":
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
