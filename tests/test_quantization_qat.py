@@ -174,3 +174,15 @@ def test_calibration_runs_on_the_gpu_of_each_srun_task(monkeypatch: pytest.Monke
     assert qat.calibration_device() == torch.device("cuda", 3)
     monkeypatch.setenv("LOCAL_RANK", "5")  # Lightning's launcher and torchrun
     assert qat.calibration_device() == torch.device("cuda", 5)
+
+
+@pytest.mark.parametrize("recipe", ["qat_efficientnet_b0", "qat_efficientnet_b4"])
+def test_qat_recipes_keep_main_py_defaults_for_what_nvidias_quant_scripts_do_not_pass(recipe: str) -> None:
+    """efficientnet-quant-b0/b4 scripts run quant_main.py with main.py's argument defaults (DeepLearningExamples
+    729963dd PyTorch/Classification/ConvNets/main.py:101-104, 199-200, 206, 336-340): no label smoothing, no mixup,
+    no AutoAugment, bilinear. The recipes used to inherit the EfficientNet training recipe (0.1, 0.2, AutoAugment,
+    bicubic)."""
+    from tests.conftest import compose_config
+
+    cfg = compose_config([f"recipe={recipe}"]).recipe
+    assert (cfg.label_smoothing, cfg.mixup, cfg.augment, cfg.interpolation) == (0.0, 0.0, None, "bilinear")
