@@ -223,6 +223,7 @@ def clean_env() -> dict[str, str]:
 # fixture up a second time.)
 LONGEST_FIRST = (
     "test_demo_reaches_90_percent", "test_compile_trains_and_keeps_checkpoint_keys",
+    "test_every_published_combination_trains_validates_and_resumes_on_two_ranks",
     "test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts",
     "test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights",
     "test_two_processes_stopped_inside_a_shard_resume_to_identical_weights_steps_and_lr",

@@ -278,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and check.path not in args.only.split(","):
             continue
         rows.append(execute(check, hardware, gpus, args.timeout, properties.name))
-        print(f"gpu_check: {check.path}: {rows[-1]['status']} {rows[-1]['note']}", file=sys.stderr, flush=True)
+        row = rows[-1]  # the numbers too: a run cut short by its caller's time limit keeps what it measured
+        print(f"gpu_check: {check.path}: {row['status']} img/s {row['ips']} host syncs/iteration {row.get('syncs')} "
+              f"{row['note']}", file=sys.stderr, flush=True)  # fmt: skip
     print(table(rows, properties.name, gpus))
     print(f"run dirs under {run_root}")
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0
