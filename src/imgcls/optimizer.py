@@ -93,7 +93,7 @@ class SkipsOverflowedSteps:
             # State made in this step has nothing to be put back to: give it finite gradients (once, rarely).
             for grad in grads:
                 grad.copy_(torch.where(overflowed, torch.zeros_like(grad), grad))
-        kept = [p for p in params] + [
+        kept = list(params) + [
             t
             for p in params
             for t in self.state[p].values()  # type: ignore[attr-defined]

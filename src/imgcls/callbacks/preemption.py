@@ -126,8 +126,8 @@ class Preemption(L.Callback):
     `every_n_steps` optimizer steps (at the same steps on every rank), so a signal is acted on within
     that many steps. Under SLURM (`slurm_requeue`), SIGUSR1 and SIGUSR2 additionally link the checkpoint as
     Lightning's hpc_ckpt_N.ckpt (what a requeued run with ckpt_path=null resumes from) and rank 0 runs
-    `scontrol requeue`. A signal received before training started (setup, the DALI build) is acted on at the
-    first step boundary."""
+    `scontrol requeue`. Before training has started and after it has ended there is no step to save: the
+    handler (`_handle`) stops the process at once."""
 
     def __init__(
         self, last_path: str | Path, slurm_requeue: bool = False, every_n_steps: int = SYNC_EVERY_N_STEPS
