@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import faulthandler
 import functools
 import hashlib
 import os
@@ -55,7 +56,27 @@ COMPOSE_CACHE_VARIABLE = "IMGCLS_TEST_COMPOSE_CACHE"
 _OWN_COMPOSE_CACHE = pytest.StashKey[str]()
 
 
+# A test still running after this long (the longest takes ~2.5 min) prints every thread's stack and ends its
+# process (xdist reports the test as crashed and starts a new worker). A deadlock that holds the GIL cannot be
+# interrupted from Python (pytest-timeout's methods both need it); faulthandler's watchdog is a C thread. Without
+# it, one such hang (a DALI pipeline destroyed while its fn.python_function waited for the GIL) kept a CI run
+# waiting until CI's own limit, naming no test.
+TEST_DEADLINE_S = 600
+_WATCHDOG_OUT = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    faulthandler.dump_traceback_later(TEST_DEADLINE_S, exit=True, file=item.config.stash[_WATCHDOG_OUT])
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # The real stderr, not pytest's capture of it (what a process that exits leaves there is lost).
+    config.stash[_WATCHDOG_OUT] = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
     if not hasattr(config, "workerinput") and COMPOSE_CACHE_VARIABLE not in os.environ:
         os.environ[COMPOSE_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="imgcls-compose-")
         config.stash[_OWN_COMPOSE_CACHE] = os.environ[COMPOSE_CACHE_VARIABLE]

@@ -586,3 +586,51 @@ def test_batch_ring_hands_out_its_slots_in_turn() -> None:
     assert ring.take((4, 3, 8, 8), torch.float16).dtype == torch.float16
     with pytest.raises(ValueError):
         BatchRing(0)
+
+
+class _ShutdownFailsOnce:
+    """DALI's backend pipeline, whose first Shutdown raises (as one does when a batch failed after the consumer
+    stopped taking them); DALI's Pipeline.__del__ then left it running, to be destroyed later holding the GIL."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.calls = backend, 0
+
+    def Shutdown(self) -> None:  # noqa: N802 - DALI's name
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("a prefetched batch failed")
+        self.backend.Shutdown()
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_closed_or_dropped_loader_stops_its_pipeline(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, how: str, prefetch: int
+) -> None:
+    """The executor is stopped by the loader (with DALI's shutdown, which releases the GIL), retried when it
+    raises, and never left to be destroyed where the last reference goes: a suite run hung for good when a
+    pipeline whose __del__ had raised was freed while its fn.python_function waited for the GIL."""
+    import gc
+    import sys
+    import time
+
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    overrides = ("data.dali_train_resize=torch", f"data.dali_host_prefetch={prefetch}")
+    loader = make_backend(data_cfg(folder, *overrides)).loader("train", 4, 0, 1, seed=0)
+    next(iter(loader))  # mid-epoch: batches in flight
+    pipe = loader._iterator._pipes[0]
+    fails_once = pipe._pipe = _ShutdownFailsOnce(pipe._pipe)
+    if how == "close":
+        loader.close()
+    else:
+        del loader
+        gc.collect()
+    deadline = time.monotonic() + 10  # a dropped loader's worker thread shuts the pipeline down after its task
+    while pipe._pipe is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pipe._pipe is None, "the pipeline's executor is still running"
+    assert fails_once.calls == 2 and not unraisable

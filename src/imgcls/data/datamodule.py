@@ -58,10 +58,19 @@ class ClassificationDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         key = (split, batch_size, rank, world, *sorted(options.items()))
         if key not in self._loaders:
-            # Drop this split's stale loader first (its worker processes or DALI pipeline).
-            self._loaders = {k: v for k, v in self._loaders.items() if k[0] != split}
+            # Close this split's stale loader first (its worker processes or DALI pipeline).
+            self._close([k for k in self._loaders if k[0] == split])
             self._loaders[key] = self.backend.loader(split, batch_size, rank, world, self.seed, **options)
         return self._loaders[key]
+
+    def _close(self, keys: list[tuple]) -> None:
+        for key in keys:
+            loader = self._loaders.pop(key)
+            if hasattr(loader, "close"):  # a DALI loader stops its pipeline now, not when it is collected
+                loader.close()
+
+    def teardown(self, stage: str) -> None:
+        self._close(list(self._loaders))
 
     def train_dataloader(self) -> Any:
         options: dict[str, Any] = {}

@@ -23,6 +23,38 @@ from imgcls.data.dali.pipelines import READER
 from imgcls.data.dali.thread_executor import OneThreadExecutor
 from imgcls.errors import DataError
 
+# Pipelines whose executor would not stop (shut_down): kept for the life of the process, never destroyed.
+_UNSTOPPABLE: list[Any] = []
+
+
+def shut_down(pipe: Any) -> None:
+    """Stop PIPE's executor now: DALI's own shutdown, which waits for the batches in flight with the GIL
+    released. Hand-written because DALI does this only in Pipeline.__del__, wherever the last reference goes,
+    and when that Shutdown raises (a batch that failed after the consumer stopped taking them) __del__ leaves
+    the backend pipeline alive; when it is freed later, its destructor joins the executor while holding the
+    GIL, and an fn.python_function in flight (the bad-image check) waits for the GIL forever (DALI PR 4965:
+    the executor must be shut down with the GIL released). One retry; a pipeline that still refuses is kept,
+    not freed: a leak instead of a hung process."""
+    for _ in range(2):
+        if getattr(pipe, "_pipe", None) is None:
+            return
+        try:
+            pipe._shutdown()
+            return
+        except Exception:  # noqa: BLE001, S110 - its traceback would keep the pipeline alive; the try again is the handling
+            pass
+    _UNSTOPPABLE.append(pipe)
+
+
+def _release(pipe: Any, worker: OneThreadExecutor | None) -> Any:
+    """A loader's end (DaliLoader.close, or its finalizer): the pipeline shut down after the worker's tasks."""
+    if worker is None:
+        shut_down(pipe)
+        return None
+    future = worker.submit(functools.partial(shut_down, pipe))  # after the producer has returned
+    worker.close()
+    return future
+
 
 def reader_error(exc: BaseException) -> BaseException:
     """A DALI operator's failure (an unreadable file, a truncated TFRecord, a tar sample without its label)
@@ -128,12 +160,6 @@ class DaliLoader:
             self.length = math.ceil(self.part_size / batch_size)
         if self.length == 0:
             raise DataError(f"{total} images over {world_size} rank(s) make no full batch of {batch_size}")
-        # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
-        # DALI's DROP policy: the train reader pads every rank's part to ceil(N / W) records, and when the
-        # smaller part N // W is a whole number of batches, DROP ends the epoch one padded batch before the
-        # reader does; that batch (the part's last record repeated) then opened the next epoch, whose own
-        # last records moved on to the epoch after, and so on. PARTIAL iterates the reader's whole epoch.
-        policy = LastBatchPolicy.PARTIAL
         self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
         ring = getattr(host_resize, "ring", None)
         if ring is not None and ring.slots < ring_slots(self.prefetch):
@@ -142,29 +168,52 @@ class DaliLoader:
                 f"{self.prefetch}; it needs {ring_slots(self.prefetch)} (loader.ring_slots)"
             )
         self._worker = OneThreadExecutor("imgcls-dali-host") if self.prefetch else None
-        if self._worker is not None:
-            weakref.finalize(self, self._worker.close)
+        # The pipeline is shut down when the loader is closed or collected, never left to DALI's __del__
+        # (shut_down); at interpreter exit DALI's own atexit hook shuts down what is left, in the main thread.
+        self._end = weakref.finalize(self, _release, pipe, self._worker)
+        self._end.atexit = False
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
-        if host_resize is None:
+        try:
+            self._iterator = self._make_iterator(pipe, outputs, host_resize is not None)
+        except BaseException:
+            self._end()
+            raise
+        self._consumed = 0  # DALI batches taken in the current epoch
+        self.copy = not getattr(pipe, "exec_dynamic", False)
+
+    def _make_iterator(self, pipe: Any, outputs: list[str], ragged: bool) -> Any:
+        # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
+        # DALI's DROP policy: the train reader pads every rank's part to ceil(N / W) records, and when the
+        # smaller part N // W is a whole number of batches, DROP ends the epoch one padded batch before the
+        # reader does; that batch (the part's last record repeated) then opened the next epoch, whose own
+        # last records moved on to the epoch after, and so on. PARTIAL iterates the reader's whole epoch.
+        policy = LastBatchPolicy.PARTIAL
+        if not ragged:
             try:
-                self._iterator = DALIGenericIterator(
+                return DALIGenericIterator(
                     pipe, outputs, reader_name=READER, last_batch_policy=policy, auto_reset=False
                 )
             except RuntimeError as exc:
                 raise reader_error(exc) from None
-        else:  # the crops differ in size: a list of tensors, resized by HostResize
-            types = [DALIRaggedIterator.SPARSE_LIST_TAG] + [DALIRaggedIterator.DENSE_TAG] * (len(outputs) - 1)
-            make = functools.partial(
-                DALIRaggedIterator, pipe, outputs, reader_name=READER, output_types=types,
-                last_batch_policy=policy, auto_reset=False,
-            )  # fmt: skip
-            # Built on the worker too: the iterator runs its first batch in its constructor.
-            try:
-                self._iterator = self._worker.call(make) if self._worker is not None else make()
-            except RuntimeError as exc:
-                raise reader_error(exc) from None
-        self._consumed = 0  # DALI batches taken in the current epoch
-        self.copy = not getattr(pipe, "exec_dynamic", False)
+        # The crops differ in size: a list of tensors, resized by HostResize.
+        types = [DALIRaggedIterator.SPARSE_LIST_TAG] + [DALIRaggedIterator.DENSE_TAG] * (len(outputs) - 1)
+        make = functools.partial(
+            DALIRaggedIterator, pipe, outputs, reader_name=READER, output_types=types,
+            last_batch_policy=policy, auto_reset=False,
+        )  # fmt: skip
+        # Built on the worker too: the iterator runs its first batch in its constructor.
+        try:
+            return self._worker.call(make) if self._worker is not None else make()
+        except RuntimeError as exc:
+            raise reader_error(exc) from None
+
+    def close(self) -> None:
+        """Stop the epoch in progress and the pipeline's executor now; the loader cannot be iterated again."""
+        if self._stop is not None:
+            self._stop.set()
+        future = self._end()
+        if future is not None and threading.current_thread() is not self._worker.thread:
+            future.result()
 
     def __len__(self) -> int:
         return self.length
