@@ -100,7 +100,7 @@ def test_warmup_longer_than_the_run_warns(caplog: pytest.LogCaptureFixture) -> N
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
-        check_config(compose_config(["experiment=demo"]))  # 1 warmup epoch of 8
+        check_config(compose_config(["experiment=demo"]))  # 1 warmup epoch of 5
     assert caplog.records == []
 
 
