@@ -147,8 +147,8 @@ def test_linear_schedule_is_nvidias_base_times_one_minus_e_over_es() -> None:
 
 
 def test_unknown_schedule_is_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError, match=r"recipe.schedule=exponential is not allowed; use cosine, linear, step"):
-        _lr_curve(10, 1, schedule="exponential")
+    with pytest.raises(ConfigError, match=r"recipe.schedule=polynomial is not allowed; use cosine, linear, step"):
+        _lr_curve(10, 1, schedule="polynomial")
 
 
 def test_an_absolute_lr_overrides_the_per_256_rule() -> None:
@@ -171,3 +171,24 @@ def test_training_follows_the_configured_schedule(schedule: str, image_folder: P
         assert lrs == pytest.approx([base * 0.1, base * 0.01, base * 0.01])
     else:
         assert lrs == pytest.approx([base * (1 - 6 / 18), base * (1 - 12 / 18), 0.0], abs=1e-12)
+
+
+def test_exponential_schedule_is_tf2s_staircase_decay_after_the_warmup() -> None:
+    """NVIDIA TF2's default --lr_decay exponential, from TensorFlow's documented formulas: WarmupDecaySchedule
+    (utils/learning_rate.py:50-63) is lr0 x step / warmup during the warmup, then ExponentialDecay(lr0, decay_steps
+    = 2.4 epochs of steps, 0.97, staircase=True) (utils/optimizer_factory.py:329-334, runtime/runner_utils.py:89)
+    of the step less the warmup: lr0 x 0.97 ** floor((step - warmup) / decay_steps)."""
+    epochs, per_epoch, lr0 = 20, 10, 0.256
+    total, warmup = epochs * per_epoch, 5 * per_epoch
+    net = torch.nn.Linear(2, 2)
+    opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.9, nesterov=False), lr0)
+    sched = build_scheduler(opt, total, warmup, 0.0, "exponential", epochs=epochs, decay_rate=0.97, decay_epochs=2.4)
+    decay_steps = 2.4 * per_epoch
+    for step in range(total + 1):
+        if step:
+            sched.step_update(num_updates=step)
+        tf = lr0 * step / warmup if step < warmup else lr0 * 0.97 ** math.floor((step - warmup) / decay_steps)
+        assert opt.param_groups[0]["lr"] == pytest.approx(tf, rel=1e-9, abs=1e-12), step
+    assert opt.param_groups[0]["lr"] == pytest.approx(lr0 * 0.97**6)  # 150 steps after warmup: 6 whole stairs
+    with pytest.raises(ConfigError, match="needs recipe.lr_decay_rate and recipe.lr_decay_epochs"):
+        build_scheduler(opt, total, warmup, 0.0, "exponential", epochs=epochs)

@@ -197,22 +197,39 @@ def test_every_tf2_script_and_published_run_has_an_experiment_and_no_more() -> N
 @pytest.mark.parametrize("name", sorted(set(TF2_ROWS) | set(tf2_published_gpus())))
 def test_tf2_experiment_matches_its_script(name: str) -> None:
     gpus = tf2_published_gpus().get(name, 8)
-    script = re.sub(r"_\d+x", "_8x", name)  # a 32- or 64-GPU run is its 8-GPU script on more nodes
+    script = re.sub(r"_\d+x", "_8x", name)  # the 8-GPU script of the same model, platform and precision
     row, common = TF2_ROWS[script], _section(TABLES, "### 2.5 TF2")
     cfg, plan = composed(name)
     recipe = cfg.recipe
+    if gpus > 8:  # NVIDIA's multi-node launcher: its flags, cmdline_helper.py's defaults for the rest
+        nodes = _section(TABLES, "#### TF2 multi-node launchers", "\n#")
+        launcher = next(line for line in nodes.splitlines() if line.startswith(f"- {name.split('_')[2].upper()},"))
+        row = {**row, "per_device": int(_flag(launcher, "--train_batch_size"))}
+        assert (cfg.model.image_size, recipe.mixup) == (
+            int(_flag(launcher, "--train_img_size")) if "--train_img_size" in launcher else 224,
+            float(_flag(launcher, "--mixup_alpha")) if "--mixup_alpha" in launcher else 0.0,
+        )
+        assert (recipe.schedule, recipe.lr_decay_rate, recipe.lr_decay_epochs) == (
+            _flag(nodes, "--lr_decay"), float(_flag(nodes, "--lr_decay_rate")), float(_flag(nodes, "--lr_decay_epochs"))
+        )
+        assert float(_flag(nodes, "--moving_average_decay")) == 0.0 and recipe.ema_decay is None  # no EMA
     assert (plan.per_device_batch, plan.world_size, plan.accumulation) == (row["per_device"], gpus, 1)
     assert (cfg.trainer.devices, cfg.trainer.num_nodes) == (8, gpus // 8)  # 8 GPUs a node: multi-node beyond 8
     assert plan.global_batch == row["per_device"] * gpus
-    lr_init = float(_flag(common, "--lr_init"))  # TF2 scales it by the global batch / 128
+    # TF2 scales --lr_init by the global batch / 128; the multi-node launchers leave it at its default.
+    lr_init = float(_flag(nodes if gpus > 8 else common, "--lr_init"))
     assert plan.lr == pytest.approx(lr_init * plan.global_batch / 128)
     if gpus == 8:
         assert plan.lr == pytest.approx(row["lr"])  # the table's "effective LR" column
+        assert recipe.ema_decay == float(_flag(common, "--moving_average_decay"))
+        assert recipe.schedule == _flag(common, "--lr_decay") == "cosine"
     # Keras l2(c) adds c x sum(w^2) to the loss: a gradient of 2c x w, torch's coupled weight decay at twice the flag
     # (TF2/model/blocks/conv2d_block.py:57-58 hands --weight_decay to tf.keras.regularizers.l2).
     assert plan.weight_decay == pytest.approx(2 * float(_flag(common, "--weight_decay")))
     assert recipe.weight_decay_on == "all_but_norm_and_depthwise"
     assert (recipe.epochs, recipe.mixup, cfg.model.image_size) == (row["epochs"], row["mixup"], row["image"])
+    if gpus > 8:
+        assert recipe.epochs == int(_flag(nodes, "--max_epochs"))
     assert recipe.epochs == int(_flag(common, "--max_epochs"))
     assert recipe.warmup_epochs == float(_flag(common, "--lr_warmup_epochs"))
     # TF's RMSprop: rho --decay, --momentum, epsilon --opt_epsilon inside the square root (timm's RMSpropTF).
@@ -221,9 +238,7 @@ def test_tf2_experiment_matches_its_script(name: str) -> None:
     assert recipe.momentum == float(_flag(common, "--momentum"))
     assert recipe.rmsprop_eps == float(_flag(common, "--opt_epsilon"))
     assert recipe.label_smoothing == float(_flag(common, "--label_smoothing"))
-    assert recipe.ema_decay == float(_flag(common, "--moving_average_decay"))
     assert recipe.augment == _flag(common, "--augmenter_name") == "autoaugment"
-    assert recipe.schedule == _flag(common, "--lr_decay") == "cosine"
     assert cfg.precision.name == row["precision"] and (cfg.precision.name == "amp") is row["amp"]
     if row["amp"]:
         assert cfg.precision.loss_scale.dynamic is True  # keras mixed_float16: dynamic loss scale

@@ -13,7 +13,7 @@ TF_INITS = ("tf1", "tf2")
 CONV_INITS = ("fan_in", "fan_out", *CONV_INIT_ALIASES, *TF_INITS)
 
 OPTIMIZERS = ("sgd", "rmsprop", "rmsprop_tf")  # optimizer.py build_optimizer
-SCHEDULES = ("cosine", "linear", "step", "cosine_tf1")  # scheduler.py build_scheduler
+SCHEDULES = ("cosine", "linear", "step", "cosine_tf1", "exponential")  # scheduler.py build_scheduler
 # Which parameters get weight decay (optimizer.py parameter_groups): recipe.weight_decay_on.
 WEIGHT_DECAY_SETS = ("conv_and_linear_weights", "all_but_norm", "all_but_norm_and_depthwise", "all")
 # timm AutoAugment policies (recipe.autoaugment_policy). v0 is the list of NVIDIA's PyTorch IC/autoaugment.py,

@@ -209,6 +209,8 @@ TRAIN: dict[str, Check] = {
     "recipe.end_lr": number(0),
     "recipe.schedule": choice(*SCHEDULES),
     "recipe.lr_milestones": numbers(None, 0, ordered=True),
+    "recipe.lr_decay_rate": number(0, 1, open_low=True, null=True),  # schedule=exponential
+    "recipe.lr_decay_epochs": number(0, open_low=True, null=True),
     "recipe.global_batch_size": POSITIVE_OR_NULL,
     "recipe.weight_decay": number(0, null=True),
     "recipe.weight_decay_on": choice(*WEIGHT_DECAY_SETS),  # optimizer.py parameter_groups

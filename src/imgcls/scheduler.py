@@ -1,6 +1,6 @@
 """The LR schedule of the recipes, in one place: peak LR (linear scaling rule), linear warmup, then
-`recipe.schedule` (cosine, linear or step, as NVIDIA's --lr-schedule), stepped every optimizer step over the
-recipe's whole length."""
+`recipe.schedule` (cosine, linear or step, as NVIDIA's --lr-schedule; TF1's cosine; TF2's exponential), stepped
+every optimizer step over the recipe's whole length."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import torch
-from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler
+from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler, StepLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
 from imgcls.choices import SCHEDULES
@@ -54,6 +54,8 @@ def build_scheduler(
     schedule: str = "cosine",
     milestones: tuple[float, ...] = STEP_MILESTONES,
     epochs: int | None = None,
+    decay_rate: float | None = None,
+    decay_epochs: float | None = None,
 ) -> Scheduler:
     """Linear warmup from 0 over `warmup_steps`, then NVIDIA's `--lr-schedule` decay:
 
@@ -62,6 +64,9 @@ def build_scheduler(
     - step: x0.1 at the epochs in `milestones` (absolute epochs, as NVIDIA counts them; needs `epochs`);
     - cosine_tf1: NVIDIA's TF1 `--cosine_lr`, `tf.train.cosine_decay(lr, global_step, total steps)`: the cosine
       runs over all steps from step 0, so the warmup ends below the peak (0.981 x lr after 8 of 90 epochs).
+    - exponential: NVIDIA's TF2 `--lr_decay exponential` (its default): x `decay_rate` every `decay_epochs`
+      epochs after the warmup, in stairs (TF2/utils/optimizer_factory.py:329-334 ExponentialDecay(staircase=True,
+      runtime/runner_utils.py:89) on the step count less the warmup, utils/learning_rate.py:50-63).
 
     Stepped every optimizer step with the optimizer-step count (NVIDIA changed the LR once per epoch), with
     timm's schedulers rather than hand-written formulas.
@@ -80,6 +85,13 @@ def build_scheduler(
         # optimizer steps done, and the first step of epoch m must already run at the decayed LR.
         decay_t = [round(m * steps_per_epoch) + 1 for m in milestones]
         return MultiStepLRScheduler(optimizer, decay_t=decay_t, decay_rate=0.1, warmup_prefix=False, **common)
+    if schedule == "exponential":
+        if decay_rate is None or decay_epochs is None:
+            raise ConfigError("recipe.schedule=exponential needs recipe.lr_decay_rate and recipe.lr_decay_epochs")
+        steps_per_epoch = total_steps / max(1, epochs or 1)
+        return StepLRScheduler(
+            optimizer, decay_t=decay_epochs * steps_per_epoch, decay_rate=decay_rate, warmup_prefix=True, **common
+        )
     raise ConfigError(f"recipe.schedule={schedule} is not allowed; use {', '.join(SCHEDULES)}")
 
 
@@ -89,6 +101,8 @@ def recipe_scheduler(optimizer: torch.optim.Optimizer, trainer: Any, recipe: Any
     total = total_steps(trainer, epochs)
     warmup = warmup_steps(total, epochs, float(recipe.warmup_epochs))
     milestones = tuple(recipe.get("lr_milestones") or STEP_MILESTONES)
+    rate, every = recipe.get("lr_decay_rate"), recipe.get("lr_decay_epochs")
     return build_scheduler(
-        optimizer, total, warmup, float(recipe.end_lr), str(recipe.get("schedule") or "cosine"), milestones, epochs
-    )
+        optimizer, total, warmup, float(recipe.end_lr), str(recipe.get("schedule") or "cosine"), milestones, epochs,
+        decay_rate=None if rate is None else float(rate), decay_epochs=None if every is None else float(every),
+    )  # fmt: skip
