@@ -634,3 +634,23 @@ def test_a_closed_or_dropped_loader_stops_its_pipeline(
         time.sleep(0.02)
     assert pipe._pipe is None, "the pipeline's executor is still running"
     assert fails_once.calls == 2 and not unraisable
+
+
+def test_a_loaders_pipeline_is_shut_down_in_imgcls_thread_not_the_callers() -> None:
+    """A loader's finalizer runs in whatever thread collects it, DALI's executor threads included (they run the
+    bad-image check's Python); shutting a pipeline down there makes the thread join itself (std::terminate,
+    "Resource deadlock avoided", seen in a suite run). The shutdown is handed to imgcls's own thread."""
+    import threading
+
+    from imgcls.data.dali.loader import _release
+
+    class Pipe:
+        def __init__(self) -> None:
+            self._pipe, self.thread = object(), None
+
+        def _shutdown(self) -> None:
+            self.thread, self._pipe = threading.current_thread().name, None
+
+    pipe = Pipe()
+    _release(pipe, None).result(timeout=10)
+    assert pipe.thread == "imgcls-dali-shutdown" and pipe._pipe is None

@@ -10,6 +10,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,12 +47,23 @@ def shut_down(pipe: Any) -> None:
     _UNSTOPPABLE.append(pipe)
 
 
-def _release(pipe: Any, worker: OneThreadExecutor | None) -> Any:
-    """A loader's end (DaliLoader.close, or its finalizer): the pipeline shut down after the worker's tasks."""
+_reaper: OneThreadExecutor | None = None
+_reaper_lock = threading.Lock()
+
+
+def _release(pipe: Any, worker: OneThreadExecutor | None) -> Future:
+    """A loader's end (DaliLoader.close, or its finalizer): the pipeline shut down in a thread of imgcls's, never
+    in the caller's. A finalizer runs in whatever thread the garbage collector runs in, DALI's executor threads
+    included (they run the bad-image check's Python), and an executor thread that shuts down its own pipeline
+    joins itself (std::terminate: "Resource deadlock avoided"). The loader's worker, after the producer has
+    returned; without one, a shared thread."""
+    global _reaper
     if worker is None:
-        shut_down(pipe)
-        return None
-    future = worker.submit(functools.partial(shut_down, pipe))  # after the producer has returned
+        with _reaper_lock:
+            if _reaper is None:
+                _reaper = OneThreadExecutor("imgcls-dali-shutdown")
+        return _reaper.submit(functools.partial(shut_down, pipe))
+    future = worker.submit(functools.partial(shut_down, pipe))
     worker.close()
     return future
 
@@ -212,7 +224,8 @@ class DaliLoader:
         if self._stop is not None:
             self._stop.set()
         future = self._end()
-        if future is not None and threading.current_thread() is not self._worker.thread:
+        worker_thread = self._worker.thread if self._worker is not None else None
+        if future is not None and threading.current_thread() is not worker_thread:
             future.result()
 
     def __len__(self) -> int:
