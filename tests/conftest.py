@@ -176,8 +176,11 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_overrides(data_root: Path, *extra: str) -> list[str]:
     """A seconds-long CPU run on the folder `data_root`: the `debug=tiny` config (conf/debug/tiny.yaml), which
-    users run too, plus what a test needs."""
-    return ["debug=tiny", f"data.root={data_root}", *extra]
+    users run too, plus what a test needs. The network is timm's `test_resnet` (a 3 MB ResNet) unless the test
+    names one (`model=...` or `model.arch=...`): ResNet18's 90 MB checkpoints and its steps cost each run ~2 s
+    more, and most tests are not about the network."""
+    names_network = any(o.startswith(("model=", "model.arch=", "+model.arch=")) for o in extra)
+    return ["debug=tiny", f"data.root={data_root}", *([] if names_network else ["model.arch=test_resnet"]), *extra]
 
 
 def run_cli(

@@ -36,6 +36,7 @@ for name, overrides in cases.items():
         "finite": all(math.isfinite(float(s.get("train.loss", math.nan))) for s in (first, resumed)),
         "ema_in_checkpoint": any(k.startswith("ema.") for k in final["state_dict"]),
         "scaler_in_checkpoint": "MixedPrecision" in final,  # Lightning's key for the GradScaler state
+        "charts": (run_dir / "plots").exists(),
     }
 if rank == 0:
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -42,7 +42,7 @@ def test_evaluate_equals_the_validation_training_logged(trained: Path, tmp_path:
     written = json.loads((tmp_path / "eval.json").read_text())
     for name in ("val.top1", "val.top5", "val.loss", "val.total_ips", "val.compute_ips"):
         assert written[name] == pytest.approx(metrics[name])
-    assert written["val.total_ips"] > 0 and written["weights"] == "raw" and written["model"] == "resnet18"
+    assert written["val.total_ips"] > 0 and written["weights"] == "raw" and written["model"] == "test_resnet"
 
 
 @pytest.mark.slow
@@ -68,6 +68,7 @@ def test_weights_export_and_plain_state_dict_evaluate_like_the_checkpoint(
         tmp_path / "plain",
         f"ckpt={tmp_path / 'plain.pth'}",
         "model=resnet18",
+        "model.arch=test_resnet",
         "model.image_size=32",
         f"data.root={image_folder}",
         "data.batch_size=8",
@@ -118,7 +119,7 @@ def cli_errors(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     "case, needles",
     [
         ("missing", ["nope.ckpt", "does not exist"]),
-        ("other_arch", ["holds a resnet18 network, not model=resnet50"]),
+        ("other_arch", ["holds a test_resnet network, not model=resnet50"]),
     ],
 )
 def test_bad_checkpoints_are_one_line_errors(cli_errors: dict, case: str, needles: list[str]) -> None:

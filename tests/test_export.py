@@ -19,7 +19,7 @@ from imgcls.models.trained import load_trained
 from tests.conftest import assert_one_line_error, compose_config, run_clis, sample_photos, tiny_run
 
 # fp32 PyTorch vs onnxruntime on the same preprocessed photos: the largest logit difference allowed.
-# Measured ~1e-6 for the tiny resnet18 (different kernels sum in different orders); 1e-4 leaves room
+# Measured ~1e-6 for resnet18 (different kernels sum in different orders); 1e-4 leaves room
 # for other CPUs while still catching any real mismatch (a wrong weight or op moves logits by >1e-2).
 ONNX_MAX_ABS_DIFF = 1e-4
 
@@ -77,7 +77,7 @@ def test_torchscript_export_matches(trained: Path, photos: list[Path], tmp_path:
     images = _batch(photos, model.preprocessing)
     with torch.no_grad():
         assert torch.allclose(scripted(images), model.net(images), atol=1e-5)
-    assert json.loads(extra["imgcls.json"])["arch"] == "resnet18"
+    assert json.loads(extra["imgcls.json"])["arch"] == "test_resnet"
 
 
 @pytest.mark.slow
@@ -88,14 +88,15 @@ def test_weights_export_with_ema_and_model_weights(trained: Path, tmp_path: Path
     _export(ckpt, tmp_path / "ema.pt", "use_ema=true")
     raw = torch.load(tmp_path / "raw.pt", weights_only=False)
     ema = torch.load(tmp_path / "ema.pt", weights_only=False)
-    assert raw["arch"] == "resnet18" and raw["classes"] == ["class_0", "class_1", "class_2"] and not raw["ema"]
+    assert raw["arch"] == "test_resnet" and raw["classes"] == ["class_0", "class_1", "class_2"] and not raw["ema"]
     assert raw["preprocessing"]["mean"] == [0.485, 0.456, 0.406] and raw["image_size"] == 32
     key = "layer1.0.conv1.weight"
     assert torch.equal(raw["state_dict"][key], state[f"net.{key}"])
     assert torch.equal(ema["state_dict"][key], state[f"ema.module.{key}"])  # NVIDIA's --ema was ignored
     assert not torch.equal(raw["state_dict"][key], ema["state_dict"][key]) and ema["ema"]
     # model.weights= (fine-tuning / evaluation) accepts the export: same tensors in the new network.
-    model_cfg = compose_config(["model=resnet18", f"model.weights={tmp_path / 'ema.pt'}"]).model
+    overrides = ["model=resnet18", "model.arch=test_resnet", f"model.weights={tmp_path / 'ema.pt'}"]
+    model_cfg = compose_config(overrides).model
     net = build_network(model_cfg, num_classes=3)
     assert torch.equal(net.state_dict()[key], ema["state_dict"][key])
     assert torch.equal(net.state_dict()["fc.weight"], ema["state_dict"]["fc.weight"])
@@ -162,4 +163,4 @@ def test_export_cli(cli: dict) -> None:
     assert_one_line_error(cli["bad_format"], "format=tflite is not allowed")
     ok = cli["ok"]
     assert ok.returncode == 0, ok.stderr[-2000:]
-    assert "ema.onnx (onnx, resnet18, 3 classes, ema weights)" in ok.stdout
+    assert "ema.onnx (onnx, test_resnet, 3 classes, ema weights)" in ok.stdout

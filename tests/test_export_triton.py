@@ -117,7 +117,7 @@ def test_fp16_is_a_tensorrt_setting_and_the_engine_build_skips_without_cuda(
     if trtexec_usable():
         pytest.skip("trtexec and a CUDA GPU are here: the engine would be built, not skipped")
     summary = _export(trained / "checkpoints" / "last.ckpt", tmp_path, "trt_precision=fp16", "tensorrt=true")
-    model_dir = tmp_path / "resnet18"  # name= defaults to the arch
+    model_dir = tmp_path / "test_resnet"  # name= defaults to the arch
     config = _config(model_dir)
     assert config.max_batch_size == 128 and config.platform == "onnxruntime_onnx"  # no plan was built
     (accelerator,) = config.optimization.execution_accelerators.gpu_execution_accelerator

@@ -40,7 +40,7 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> bool:
 
 
 def assert_readable(ckpt: Path) -> int:
-    check_resumable(str(ckpt), "resnet18", ["class_0", "class_1", "class_2"])  # the training path's own check
+    check_resumable(str(ckpt), "test_resnet", ["class_0", "class_1", "class_2"])  # the training path's own check
     return int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
 
 

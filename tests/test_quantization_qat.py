@@ -3,6 +3,7 @@ evaluate / export read back, and a Q/DQ ONNX export that ONNX Runtime runs like 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -18,7 +19,11 @@ from imgcls.quantization import qat
 from imgcls.quantization.calibration import calibration_batches
 from tests.conftest import compose_config, tiny_overrides, tiny_run
 
-pytest.importorskip("modelopt.torch.quantization", reason="recipe=qat needs nvidia-modelopt (the export extra)")
+# find_spec, not importorskip: importing modelopt costs each xdist worker ~3 s at collection, and only the worker
+# that runs this file needs it.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("modelopt") is None, reason="recipe=qat needs nvidia-modelopt (the export extra)"
+)
 
 QAT_OVERRIDES = (
     "recipe=qat",
@@ -59,12 +64,15 @@ def test_qat_fine_tunes_the_trained_network_with_calibrated_quantizers(fp32_run:
     blob = torch.load(qat_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert qat.STATE_KEY in blob  # what load_trained needs to rebuild the quantizers
     state = blob["state_dict"]
-    amax = state["net.conv1.weight_quantizer._amax"]
-    assert amax.numel() == 64 and bool((amax > 0).all())  # per output channel, calibrated
-    assert state["net.layer1.0.conv1.input_quantizer._amax"].numel() == 1  # activations: per tensor
+    weight_ranges = {k: v for k, v in state.items() if k.endswith(".weight_quantizer._amax")}
+    input_ranges = {k: v for k, v in state.items() if k.endswith(".input_quantizer._amax")}
+    assert len(weight_ranges) > 10 and {k.replace("weight", "input") for k in weight_ranges} <= input_ranges.keys()
+    for key, amax in weight_ranges.items():  # per output channel, calibrated
+        assert amax.numel() == state[key.replace("_quantizer._amax", "")].shape[0] and bool((amax > 0).all()), key
+    assert all(amax.numel() == 1 for amax in input_ranges.values())  # activations: per tensor
     # The fine-tuning started from model.weights (not from a fresh init) and moved it a little (LR 5e-5 / 256).
     before = torch.load(fp32_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    change = (state["net.layer4.1.conv2.weight"] - before["net.layer4.1.conv2.weight"]).abs().max().item()
+    change = max((state[k] - before[k]).abs().max().item() for k in before if k.endswith(".weight") and k in state)
     assert 0 < change < 1e-2
 
 
@@ -131,7 +139,7 @@ def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
     for name, run_dir in (("one", qat_run), ("two", tmp_path)):
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
         ranges[name] = {k: v for k, v in state.items() if k.endswith("_quantizer._amax")}
-    assert len(ranges["two"]) > 40 and ranges["two"].keys() == ranges["one"].keys()
+    assert len(ranges["two"]) > 20 and ranges["two"].keys() == ranges["one"].keys()
     assert all(torch.equal(ranges["one"][k], ranges["two"][k]) for k in ranges["one"])
 
 

@@ -258,10 +258,13 @@ def _tf1_hardware(title: str) -> str:
     return {"DGX A100": "dgxa100", "DGX-1": "dgx1v", "DGX-2": "dgx2v"}[re.match(r"NVIDIA (DGX[- ]\w+)", title).group(1)]
 
 
-def published() -> dict[str, tuple[float | None, float | None]]:
-    """Experiment name -> (top-1, hours) of every TF result table in nvidia-published-results.md."""
+def published() -> tuple[dict[str, tuple[float | None, float | None]], dict[str, dict[str, int]]]:
+    """Experiment name -> (top-1, hours) of every TF result table in nvidia-published-results.md, and the
+    per-GPU batch and GPU count the TF1 tables name for their rows (parsed only: composing configs here would
+    cost every xdist worker ~12 s at collection)."""
     top1: dict[str, float] = {}
     hours: dict[str, float] = {}
+    shapes: dict[str, dict[str, int]] = {}
     sections = {"resnet50": "### A.7 TF1", "resnext101_32x4d": "### A.8 TF1", "se_resnext101_32x4d": "### A.9 TF1"}
     for model, start in sections.items():
         body = _section(RESULTS, start)
@@ -276,7 +279,7 @@ def published() -> dict[str, tuple[float | None, float | None]]:
                     top1[name] = _number(cell)
                     bs = re.findall(r"(\d+)(?: \((\w+)\))?", cells[1])  # "128 (FP32) / 256 (AMP)" or "256"
                     per_device = next(int(b) for b, p in bs if not p or PRECISIONS[p] == prec)
-                    assert composed(name)[1].per_device_batch == per_device, name
+                    shapes.setdefault(name, {})["per_device_batch"] = per_device
         for block in body.split("**Training time: ")[1:]:
             title, rows = block.split("**", 1)[0], _rows(block.split("**Inference", 1)[0])
             hardware = _tf1_hardware(title)
@@ -287,7 +290,7 @@ def published() -> dict[str, tuple[float | None, float | None]]:
                 for column, cell in zip(header[1:], cells[1:]):
                     prec = PRECISIONS[re.sub(r"Time to train - | \+ XLA", "", column).strip()]
                     name = f"tf1_{model}_{hardware}_{prec}_90e"  # "Training Time for 90 Epochs"
-                    assert composed(name)[1].world_size == int(cells[0]), name
+                    shapes.setdefault(name, {})["world_size"] = int(cells[0])
                     hours[name] = _number(cell)
     for model, tables in _tf2_accuracy_tables():
         for platform, precisions, cells in tables:
@@ -295,10 +298,16 @@ def published() -> dict[str, tuple[float | None, float | None]]:
                 name = f"tf2_efficientnet_{model}_{cells[0]}x{platform}_{prec}"
                 top1[name], hours[name] = _number(cells[1 + k]), _number(cells[3 + k])
     assert len(top1) == 18 + 16 and len(hours) == 18 + 16, (len(top1), len(hours))
-    return {name: (top1.get(name), hours.get(name)) for name in set(top1) | set(hours)}
+    return {name: (top1.get(name), hours.get(name)) for name in set(top1) | set(hours)}, shapes
 
 
-PUBLISHED = published()
+PUBLISHED, PUBLISHED_SHAPES = published()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_SHAPES))
+def test_tf1_experiment_has_the_batch_and_gpus_of_its_published_row(name: str) -> None:
+    plan = composed(name)[1]
+    assert {key: getattr(plan, key) for key in PUBLISHED_SHAPES[name]} == PUBLISHED_SHAPES[name]
 
 
 @pytest.mark.parametrize("name", TF_EXPERIMENTS)

@@ -52,7 +52,7 @@ def test_run_dir_holds_config_logs_and_checkpoints(trained: Path) -> None:
 def test_checkpoint_carries_classes_and_resolved_config(trained: Path) -> None:
     ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["imgcls"]["classes"] == ["class_0", "class_1", "class_2"]
-    assert ckpt["imgcls"]["arch"] == "resnet18" and ckpt["imgcls"]["image_size"] == 32
+    assert ckpt["imgcls"]["arch"] == "test_resnet" and ckpt["imgcls"]["image_size"] == 32
     run_config = ckpt["hyper_parameters"]["run_config"]
     assert run_config["model"]["name"] == "resnet18" and run_config["precision"]["name"] == "fp32"
     assert "${" not in json.dumps(run_config)  # resolved, not interpolations
