@@ -30,9 +30,17 @@ FP16_NET = "model.arch=test_resnet"
 
 
 def amp_overrides(data: Path, *extra: str) -> list[str]:
-    return tiny_overrides(data, "precision=amp", "precision.cpu_fp16=true", "precision.channels_last=false", FP16_NET,
-                          "recipe.warmup_epochs=0", "trainer.limit_val_batches=0",
-                          "callbacks.checkpoint=null", *extra)
+    return tiny_overrides(
+        data,
+        "precision=amp",
+        "precision.cpu_fp16=true",
+        "precision.channels_last=false",
+        FP16_NET,
+        "recipe.warmup_epochs=0",
+        "trainer.limit_val_batches=0",
+        "callbacks.checkpoint=null",
+        *extra,
+    )
 
 
 class _InfGrad(torch.autograd.Function):
@@ -78,7 +86,10 @@ def test_cpu_amp_is_bf16_unless_fp16_is_asked_for(caplog: pytest.LogCaptureFixtu
     assert precision is None and plugin.precision == "16-mixed" and plugin.device == "cpu"
     assert scaler._device == "cpu" and scaler.is_enabled()
     assert (scaler._init_scale, scaler._growth_interval, scaler._growth_factor, scaler._backoff_factor) == (
-        128.0, 100, 2.0, 0.5
+        128.0,
+        100,
+        2.0,
+        0.5,
     )
 
 
@@ -87,8 +98,11 @@ def test_fp16_run_on_cpu_scales_from_128_and_grows(data: Path, tmp_path: Path, m
     seen: dict[str, Any] = {}
     inject(monkeypatch, "none", set(), seen)
     # 3 steps an epoch; growth after 4 good steps here (100 in the recipe: same code path, fewer steps)
-    summary = run(compose_config(amp_overrides(data, "recipe.epochs=2", "precision.loss_scale.growth_interval=4"),
-                                 run_dir=tmp_path))
+    summary = run(
+        compose_config(
+            amp_overrides(data, "recipe.epochs=2", "precision.loss_scale.growth_interval=4"), run_dir=tmp_path
+        )
+    )
     assert seen["scale"] == {0: 128.0, 1: 128.0, 2: 128.0, 3: 128.0, 4: 256.0, 5: 256.0}
     assert summary["train.amp_skipped_steps"] == 0
     assert all(math.isfinite(v) for v in seen["loss"].values())
@@ -133,8 +147,9 @@ def test_persistent_overflow_stops_with_exit_3_and_the_unscaled_loss(
 ) -> None:
     seen: dict[str, Any] = {}
     inject(monkeypatch, fault, None, seen)
-    cfg = compose_config(amp_overrides(data, "recipe.epochs=5", "precision.max_consecutive_overflows=5"),
-                         run_dir=tmp_path)
+    cfg = compose_config(
+        amp_overrides(data, "recipe.epochs=5", "precision.max_consecutive_overflows=5"), run_dir=tmp_path
+    )
     with pytest.raises(SystemExit) as exit_info:
         guarded(run, cfg)
     err = capsys.readouterr().err

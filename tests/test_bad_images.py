@@ -138,8 +138,12 @@ def test_dali_cpu_skips_bad_files_in_their_batch(dirty: Path, caplog: pytest.Log
 
 @pytest.mark.slow
 def test_training_skips_bad_files_and_reports_them(dirty: Path, tmp_path: Path) -> None:
-    run(compose_config(tiny_overrides(dirty, "recipe.epochs=1", "data.batch_size=4", "recipe.global_batch_size=4"),
-                       run_dir=tmp_path))
+    run(
+        compose_config(
+            tiny_overrides(dirty, "recipe.epochs=1", "data.batch_size=4", "recipe.global_batch_size=4"),
+            run_dir=tmp_path,
+        )
+    )
     report = read_report(tmp_path)
     assert report["bad_images"]["count"] == len(UNDECODABLE)
     assert sorted(Path(p).name for p in report["bad_images"]["files"]) == sorted(f"x_{n}" for n in UNDECODABLE)

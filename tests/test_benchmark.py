@@ -98,8 +98,13 @@ def test_inference_benchmark_sets_tf32_as_training_does(
     real_measure = inference.measure
 
     def measure(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - records the switches the timing runs under
-        flags.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                      torch.get_float32_matmul_precision()))
+        flags.append(
+            (
+                torch.backends.cuda.matmul.allow_tf32,
+                torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision(),
+            )
+        )
         return real_measure(*args, **kwargs)
 
     monkeypatch.setattr(inference, "measure", measure)

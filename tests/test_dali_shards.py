@@ -154,7 +154,8 @@ def test_bad_record_skipped_or_stops_naming_the_shard(folder: Path, tmp_path: Pa
     assert len(labels) == 20 and Counter(labels.tolist())[1] == 6  # the bad class_1 record dropped
     ((name, reason),) = backend.bad_images.files.items()
     assert name == f"{root}/validation-00001-of-00002{'.tar' if fmt == 'webdataset' else ''}:class_1/003" + (
-        ".jpg" if fmt == "tfrecord" else "")  # the record's image/filename, or its tar key
+        ".jpg" if fmt == "tfrecord" else ""
+    )  # the record's image/filename, or its tar key
     assert reason.startswith("truncated")
     strict = backend_for(root, tmp_path / "cache", f"data.format={fmt}", "data.on_bad_image=error")
     with pytest.raises(DataError, match="validation-00001-of-00002") as info:

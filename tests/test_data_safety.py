@@ -30,9 +30,7 @@ def users_files(folder: Path) -> Path:
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:
     """Every entry under FOLDER (hidden ones too) with its bytes; None for folders."""
-    return {
-        str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))
-    }
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
 
 
 def demo_args(root: Path, run_dir: Path, *extra: str) -> list[str]:

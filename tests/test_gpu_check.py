@@ -92,13 +92,25 @@ def test_benchmark_pass_mark_is_nvidias_number_for_the_gpu() -> None:
 def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> None:
     """The execution half on CPU: the amp+GradScaler check as a real train.py subprocess (fp16 autocast with
     GradScaler("cpu") stands in for CUDA), its row read from the run's report.json."""
-    overrides = (*tiny_overrides(image_folder, "precision=amp", "precision.cpu_fp16=true", "trainer.max_steps=3",
-                                 "recipe.epochs=1", "recipe.warmup_epochs=0"), f"hydra.run.dir={tmp_path}/run")
+    overrides = (
+        *tiny_overrides(
+            image_folder,
+            "precision=amp",
+            "precision.cpu_fp16=true",
+            "trainer.max_steps=3",
+            "recipe.epochs=1",
+            "recipe.warmup_epochs=0",
+        ),
+        f"hydra.run.dir={tmp_path}/run",
+    )
     row = gpu_check.execute(gpu_check.Check("amp+GradScaler", overrides), "cpu", gpus=1)
     assert row["status"] == "ok", row
     assert row["ips"] > 0 and row["note"].startswith("skipped steps 0, loss ")
-    failing = gpu_check.execute(gpu_check.Check("bf16", (*overrides[:-1], "model.image_size=-5",
-                                                         f"hydra.run.dir={tmp_path}/bad")), "cpu", gpus=1)
+    failing = gpu_check.execute(
+        gpu_check.Check("bf16", (*overrides[:-1], "model.image_size=-5", f"hydra.run.dir={tmp_path}/bad")),
+        "cpu",
+        gpus=1,
+    )
     assert failing["status"] == "FAILED" and failing["note"].startswith("exit 2: ")
 
 

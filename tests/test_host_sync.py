@@ -44,8 +44,14 @@ class SyncCounter(L.Callback):
         stack = traceback.extract_stack()[:-2]
         if any(marker in frame.filename for frame in stack for marker in _LOADER_FRAMES):
             return
-        where = next((f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}" for f in reversed(stack)
-                      if "site-packages/torch/" not in f.filename), "?")
+        where = next(
+            (
+                f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}"
+                for f in reversed(stack)
+                if "site-packages/torch/" not in f.filename
+            ),
+            "?",
+        )
         self.calls[self.batch].append(f"{name} at {where}")
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
@@ -99,8 +105,9 @@ def test_default_training_loop_syncs_at_most_once_per_k_steps(
     counter = SyncCounter()
     count_syncs(monkeypatch, counter)
     # 6 batches an epoch, 4 epochs: 24 optimizer steps
-    overrides = tiny_overrides(image_folder, "recipe.epochs=4", f"callbacks.progress_bar={bar}",
-                               f"trainer.enable_progress_bar={bar != 'none'}")
+    overrides = tiny_overrides(
+        image_folder, "recipe.epochs=4", f"callbacks.progress_bar={bar}", f"trainer.enable_progress_bar={bar != 'none'}"
+    )
     imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 24
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
@@ -113,9 +120,15 @@ def test_default_training_loop_syncs_at_most_once_per_k_steps(
 def test_ddp_training_loop_syncs_at_most_once_per_k_steps(image_folder: Path, tmp_path: Path) -> None:
     """The same count on each of 2 gloo ranks (Lightning's launcher): Lightning broadcast a SIGTERM flag from
     rank 0 and read it with .item() at every training batch."""
-    overrides = tiny_overrides(image_folder, "recipe.epochs=8", "callbacks.progress_bar=none",
-                               "trainer.enable_progress_bar=false", "trainer.devices=2", "trainer.accelerator=cpu",
-                               "data.batch_size=4")
+    overrides = tiny_overrides(
+        image_folder,
+        "recipe.epochs=8",
+        "callbacks.progress_bar=none",
+        "trainer.enable_progress_bar=false",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "data.batch_size=4",
+    )
     env = {**clean_env(), "MASTER_PORT": str(free_port())}
     result = warm_python.run([ROOT / "tests" / "count_host_syncs.py", str(tmp_path), *overrides], base_env=env,
                              timeout=600)  # fmt: skip

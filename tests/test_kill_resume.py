@@ -22,8 +22,11 @@ KILLS = 5  # kills 1 and 4 land while a checkpoint is being written
 def args(data: Path, run_dir: Path, *extra: str) -> list[str]:
     # 24 images / batch 8 = 3 steps per epoch, 4 epochs; last.ckpt every step (except an epoch's last batch,
     # whose checkpoint follows validation), so kills land mid-epoch and each resume makes a little progress.
-    return [*tiny_overrides(data, "recipe.epochs=4", "callbacks.checkpoint.every_n_train_steps=1"),
-            f"hydra.run.dir={run_dir}", *extra]
+    return [
+        *tiny_overrides(data, "recipe.epochs=4", "callbacks.checkpoint.every_n_train_steps=1"),
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
 
 
 def start(argv: list[str]) -> warm_python.WarmProcess:

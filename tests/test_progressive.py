@@ -71,15 +71,24 @@ def test_loader_size_follows_the_epoch(folder: Path, backend: str, resize: str) 
     datamodule.trainer = trainer
     datamodule.setup("fit")
     assert trainer.reload_dataloaders_every_n_epochs == 1  # Lightning asks for a loader every epoch
-    sizes = []
+    sizes, loaders = [], []
     for epoch in range(3):
         trainer.current_epoch = epoch
         loader = datamodule.train_dataloader()
+        loaders.append(loader)
         sizes.append(next(iter(loader))[0].shape[-1])
         assert loader is datamodule.train_dataloader()  # same size: the same loader, not rebuilt
     assert sizes == [16, 32, 48]
-    images, _ = next(iter(datamodule.val_dataloader()))
+    val_loader = datamodule.val_dataloader()
+    images, _ = next(iter(val_loader))
     assert images.shape[-2:] == (48, 48)  # val at the final size
+    if backend.startswith("dali"):
+        # A replaced DALI loader stops its pipeline when the next one is built, the rest at teardown: none is left
+        # to DALI's own __del__ (which can deadlock holding the GIL; data/dali/loader.py).
+        running = [loader._end.alive for loader in loaders]
+        assert running == [False, False, True]
+        datamodule.teardown("fit")
+        assert not loaders[-1]._end.alive and not val_loader._end.alive
 
 
 @pytest.mark.slow

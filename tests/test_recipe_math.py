@@ -86,8 +86,10 @@ def test_lr_schedule_changes_every_step_not_every_epoch() -> None:
 
 @pytest.mark.slow
 def test_no_weight_decay_on_any_norm_parameter_or_bias() -> None:
-    net = build_network(_ns(arch="resnet50", drop_rate=0.0, drop_path_rate=0.0, conv_init="fan_in",
-                            zero_init_last_bn=False), num_classes=10)
+    net = build_network(
+        _ns(arch="resnet50", drop_rate=0.0, drop_path_rate=0.0, conv_init="fan_in", zero_init_last_bn=False),
+        num_classes=10,
+    )
     groups = parameter_groups(net, weight_decay=1 / 32768)
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {id(p): n for n, p in net.named_parameters()}
@@ -99,8 +101,13 @@ def test_no_weight_decay_on_any_norm_parameter_or_bias() -> None:
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             assert f"{module_name}.weight" not in decayed_names and f"{module_name}.bias" not in decayed_names
     assert "fc.bias" not in decayed_names and "fc.weight" in decayed_names
-    assert all(names[i].endswith("weight") and p.ndim > 1 for g in groups for p in g["params"]
-               if g["weight_decay"] > 0 for i in [id(p)])
+    assert all(
+        names[i].endswith("weight") and p.ndim > 1
+        for g in groups
+        for p in g["params"]
+        if g["weight_decay"] > 0
+        for i in [id(p)]
+    )
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in net.parameters())
 
 

@@ -63,8 +63,12 @@ def test_full_disk_while_saving_is_one_line_and_keeps_last_ckpt(data: Path, tmp_
     before = sha(last)
     limit = 1 << 20  # 1 MB: logs and charts fit, a 3 MB test_resnet checkpoint does not (EFBIG, as on a full disk)
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *argv, "ckpt_path=last"], cwd=ROOT, capture_output=True, text=True,
-        timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        [sys.executable, str(ROOT / "train.py"), *argv, "ckpt_path=last"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
     )
     assert result.returncode == 4, result.stderr[-2000:]
     assert "could not write checkpoint" in one_error_line(result.stderr)
@@ -84,11 +88,13 @@ def test_unwritable_run_dir(data: Path, tmp_path: Path, capsys: pytest.CaptureFi
 # --- mid-epoch position -----------------------------------------------------------------------------------
 def _loader(n: int = 40, batch: int = 4, world: int = 1, rank: int = 0) -> ResumableDataLoader:
     sampler = RankSampler(n, rank, world, shuffle=True, seed=7, drop_last=True)
+
     def collate(samples: list) -> tuple:
         return torch.tensor([x for x, _ in samples]), torch.tensor([y for _, y in samples]), []
 
-    return ResumableDataLoader([(i, i) for i in range(n)], batch_size=batch, sampler=sampler, drop_last=True,
-                               collate_fn=collate)
+    return ResumableDataLoader(
+        [(i, i) for i in range(n)], batch_size=batch, sampler=sampler, drop_last=True, collate_fn=collate
+    )
 
 
 @pytest.mark.parametrize("stop_after", [1, 3, 9])
@@ -130,8 +136,13 @@ def test_state_saved_at_epoch_end_starts_the_next_epoch() -> None:
 def test_nan_loss_stops_naming_step_and_lr_and_keeps_the_last_good_checkpoint(
     data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    overrides = tiny_overrides(data, "recipe.epochs=3", "recipe.lr_per_256=1e12", "recipe.warmup_epochs=0",
-                               "callbacks.checkpoint.every_n_train_steps=1")
+    overrides = tiny_overrides(
+        data,
+        "recipe.epochs=3",
+        "recipe.lr_per_256=1e12",
+        "recipe.warmup_epochs=0",
+        "callbacks.checkpoint.every_n_train_steps=1",
+    )
     with pytest.raises(SystemExit) as exit_info:
         guarded(run, compose_config(overrides, run_dir=tmp_path))
     line = one_error_line(capsys.readouterr().err)
@@ -191,8 +202,10 @@ def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 180) -> 
 
 
 def _long_run(data: Path, run_dir: Path) -> list[str]:
-    return [*tiny_overrides(data, "recipe.epochs=50", "callbacks.checkpoint.every_n_train_steps=2"),
-            f"hydra.run.dir={run_dir}"]
+    return [
+        *tiny_overrides(data, "recipe.epochs=50", "callbacks.checkpoint.every_n_train_steps=2"),
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 @pytest.mark.slow
@@ -221,7 +234,7 @@ def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
     bin_dir.mkdir()
     calls = tmp_path / "scontrol.args"
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     scontrol.chmod(0o755)
     return bin_dir, calls
 
@@ -229,8 +242,15 @@ def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_path: Path) -> None:
     bin_dir, calls = _fake_scontrol(tmp_path)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
-           "SLURM_JOB_NAME": "imgcls", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NAME": "imgcls",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
     run_dir = tmp_path / "run"
     proc = _start(_long_run(data, run_dir), env)
     _wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc)
@@ -344,8 +364,14 @@ def test_ddp_rank_that_fails_does_not_hang_the_other(data: Path, tmp_path: Path)
     bad = Path(files[next(iter(first_of_rank1))])
     bad.write_bytes(b"")
     started = time.monotonic()
-    result = run_cli("train.py", *tiny_overrides(root, "data.on_bad_image=error", "data.batch_size=4"),
-                     "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    result = run_cli(
+        "train.py",
+        *tiny_overrides(root, "data.on_bad_image=error", "data.batch_size=4"),
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        timeout=300,
+    )
     assert result.returncode != 0
     assert str(bad) in result.stderr
     assert time.monotonic() - started < 300

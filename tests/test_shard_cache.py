@@ -61,8 +61,9 @@ def fill(root: Path, sources: dict[str, Path]) -> dict[str, Path]:
     """The cache as runs leave it: each writer's file, by name."""
     copies = {n: Path(remote.local_copy(f"pipe:cat {sources[n]}", str(root))) for n in ("a.tar", "b.tar")}
     (index,) = tfrecord.dali_index_files([str(sources["records"])], None, str(root))
-    shard_set = open_shard_set({"root": str(sources["wds"]), "format": "webdataset", "num_classes": 2,
-                                "shard_cache": str(root)})
+    shard_set = open_shard_set(
+        {"root": str(sources["wds"]), "format": "webdataset", "num_classes": 2, "shard_cache": str(root)}
+    )
     assert shard_set.count("train") == 3 and shard_set.count("val") == 2
     counts = {p.name.split("-", 1)[1].split("-")[0]: p for p in (root / "counts").iterdir()}
     return {**copies, "index": Path(index), "count_train": counts["train"], "count_val": counts["validation"]}
@@ -160,8 +161,9 @@ def test_prune_removes_the_least_recently_used_first_and_nothing_else(
     assert made["a.tar"].exists() and not made["b.tar"].exists()
     assert not (made["b.tar"].parent / ".b.tar.lock").exists()  # a copy's lock goes with it
     # Pruned files are fetched again when asked for.
-    assert Path(remote.local_copy(f"pipe:cat {sources['b.tar']}", str(root))).read_bytes() == sources[
-        "b.tar"].read_bytes()
+    assert (
+        Path(remote.local_copy(f"pipe:cat {sources['b.tar']}", str(root))).read_bytes() == sources["b.tar"].read_bytes()
+    )
     for path in foreign:
         assert os.path.lexists(path), path
 
@@ -253,11 +255,15 @@ def test_mistakes_are_one_line_and_exit_2(
     missing = tmp_path / "nope"
     monkeypatch.setenv("IMGCLS_CACHE", str(tmp_path / "nowhere"))
     cases = [
-        (["cache", "prune", "--max-size", "20XB", "--dir", str(root)],
-         "--max-size=20XB is not a size; allowed: a number and a unit B, KB, MB, GB, TB"),
+        (
+            ["cache", "prune", "--max-size", "20XB", "--dir", str(root)],
+            "--max-size=20XB is not a size; allowed: a number and a unit B, KB, MB, GB, TB",
+        ),
         (["cache", "prune", "--max-size=-1GB", "--dir", str(root)], "--max-size=-1GB is not a size"),
-        (["cache", "prune", "--older-than", "soon", "--dir", str(root)],
-         "--older-than=soon is not allowed; a number of days >= 0"),
+        (
+            ["cache", "prune", "--older-than", "soon", "--dir", str(root)],
+            "--older-than=soon is not allowed; a number of days >= 0",
+        ),
         (["cache", "prune", "--older-than", "-3", "--dir", str(root)], "--older-than=-3 is not allowed"),
         (["cache", "list", "--dir", str(missing)], f"--dir={missing} does not exist; allowed: a folder"),
         (["cache", "prune", "--max-size", "1GB", "--dir", str(root / cache.TAG)], "is not a folder"),

@@ -70,6 +70,7 @@ def record_name(fmt: str, relative: str) -> str:
 
 # --- conversion --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_manifest_lists_the_classes_counts_and_shards(folder: Path, converted: dict[str, Path], fmt: str) -> None:
     root = converted[fmt]
@@ -128,6 +129,7 @@ def test_conversion_is_deterministic(folder: Path, converted: dict[str, Path], t
 
 
 # --- DALI's own readers on our shards (interop) ------------------------------------------------------------
+
 
 def _run_dali(reader, count: int) -> list[tuple[bytes, np.ndarray]]:
     from nvidia.dali import pipeline_def
@@ -218,6 +220,7 @@ def test_dalis_webdataset_reader_reads_our_tars(converted: dict[str, Path]) -> N
 
 # --- a folder of shards without a manifest ----------------------------------------------------------------
 
+
 def _copy_without_manifest(src: Path, dst: Path, with_index: bool) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("manifest.json", *(() if with_index else ("dali_idx",))))
     return dst
@@ -257,8 +260,10 @@ def test_shards_without_index_files_are_counted_by_a_cached_scan(
     converted: dict[str, Path], tmp_path: Path, fmt: str
 ) -> None:
     root = _copy_without_manifest(converted[fmt], tmp_path / "bare", with_index=False)
-    os.rename(root / "validation-00000-of-00002" if fmt == "tfrecord" else root / "validation-00000-of-00002.tar",
-              root / ("val-00000-of-00002" + (".tar" if fmt == "webdataset" else "")))  # val-* is accepted too
+    os.rename(
+        root / "validation-00000-of-00002" if fmt == "tfrecord" else root / "validation-00000-of-00002.tar",
+        root / ("val-00000-of-00002" + (".tar" if fmt == "webdataset" else "")),
+    )  # val-* is accepted too
     cfg = {"root": str(root), "format": fmt, "num_classes": 3, "shard_cache": str(tmp_path / "cache")}
     shard_set = open_shard_set(cfg)
     assert shard_set.label_base == (1 if fmt == "tfrecord" else 0)
@@ -287,6 +292,7 @@ def write_shard(fmt: str, records: list[tuple[bytes, int, str]]) -> bytes:
 
 
 # --- one-line errors --------------------------------------------------------------------------------------
+
 
 def test_open_shard_set_mistakes_are_one_line(converted: dict[str, Path], tmp_path: Path) -> None:
     def error(cfg: dict, kind: type = DataError) -> str:
@@ -331,9 +337,7 @@ def test_corrupt_shards_are_one_line_naming_the_record(converted: dict[str, Path
         list(read_records("webdataset", tar[:700], "t.tar"))
 
 
-def test_cli_mistakes_are_one_line_and_exit_2(
-    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_mistakes_are_one_line_and_exit_2(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dst = str(tmp_path / "out")
     cases = [
         ([str(folder), dst, "format=zip", "shard_size=5"], "format=zip"),
@@ -354,7 +358,9 @@ def test_cli_mistakes_are_one_line_and_exit_2(
 
     result = subprocess.run(
         [sys.executable, "-m", "imgcls.data.shards", "convert", str(folder), dst, "format=tfrecord", "shard_size=-3"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [result.stderr.strip()] and "shard_size=-3" in result.stderr
@@ -389,6 +395,7 @@ def test_a_non_empty_destination_is_refused_and_untouched(
 
 
 # --- URL roots (through shards/remote.py; tests/test_shards_s3.py reads a bucket on moto's S3 server) -------
+
 
 def test_a_url_root_opens_from_its_manifest_without_downloading(converted: dict[str, Path], tmp_path: Path) -> None:
     cache = tmp_path / "cache"

@@ -18,8 +18,12 @@ TIMEOUT = 300  # a hang (one rank waiting in an all-reduce for a rank without ba
 
 
 def _train(args: list[str], run_dir: Path, *extra: str) -> None:
-    result = warm_python.run([ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", *extra],
-                             cwd=run_dir.parent, base_env=clean_env(), timeout=TIMEOUT)
+    result = warm_python.run(
+        [ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", *extra],
+        cwd=run_dir.parent,
+        base_env=clean_env(),
+        timeout=TIMEOUT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "global rank 1 of 2" in result.stdout + result.stderr  # two processes really ran
 
@@ -81,8 +85,10 @@ def test_two_processes_stopped_inside_a_shard_resume_to_identical_weights_steps_
     ref = torch.load(ref_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert resumed["global_step"] == ref["global_step"] == 5
-    lrs = [[group["lr"] for group in opt["param_groups"]] for opt in (ref["optimizer_states"][0],
-                                                                     resumed["optimizer_states"][0])]
+    lrs = [
+        [group["lr"] for group in opt["param_groups"]]
+        for opt in (ref["optimizer_states"][0], resumed["optimizer_states"][0])
+    ]
     assert lrs[0] == lrs[1]
     assert resumed["lr_schedulers"] == ref["lr_schedulers"]
     for name, tensor in ref["state_dict"].items():

@@ -46,8 +46,13 @@ class S3:
 
         self.endpoint = endpoint
         self.requests = requests
-        self.client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                                   aws_secret_access_key="testing", region_name="us-east-1")
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         self.options = {"endpoint_url": endpoint, **CREDENTIALS}
 
     def put(self, key: str, data: bytes) -> str:
@@ -158,7 +163,10 @@ def test_list_names_and_read_text(s3: S3) -> None:
     s3.put("listing/sub/deeper.tar", b"c")
     root = f"s3://{BUCKET}/listing"
     assert remote.list_names(root + "/", s3.options) == [
-        "manifest.json", "train-00000-of-00002.tar", "train-00001-of-00002.tar"]
+        "manifest.json",
+        "train-00000-of-00002.tar",
+        "train-00001-of-00002.tar",
+    ]
     assert remote.read_text(root + "/manifest.json", s3.options) == '{"format": "webdataset"}'
     binary = s3.put("binary/manifest.json", b"\x1f\x8b\x08\x00\xff")  # a gzipped file under the name
     with pytest.raises(DataError, match=r"^s3://imgcls-shards/binary/manifest\.json is not UTF-8 text \(byte 1\)"):
@@ -170,13 +178,22 @@ def test_list_names_and_read_text(s3: S3) -> None:
     ("url", "options", "expected"),
     [
         (f"s3://{BUCKET}/missing/train-0.tar", "s3", f"cannot read s3://{BUCKET}/missing/train-0.tar: no such object"),
-        ("s3://no-such-bucket/train-0.tar", "s3", "cannot read s3://no-such-bucket/train-0.tar: no such object or "
-                                                  "bucket (The specified bucket does not exist)"),
-        ("s3://imgcls-shards/x.tar", {"endpoint_url": "http://127.0.0.1:9", **CREDENTIALS,
-                                      "config_kwargs": {"retries": {"max_attempts": 1}}},
-         "cannot read s3://imgcls-shards/x.tar: cannot connect (Could not connect to the endpoint URL"),
-        ("gs://bucket/train-0.tar", {}, "cannot read gs://bucket/train-0.tar: gs:// needs the package gcsfs "
-                                        "(pip install gcsfs)"),
+        (
+            "s3://no-such-bucket/train-0.tar",
+            "s3",
+            "cannot read s3://no-such-bucket/train-0.tar: no such object or "
+            "bucket (The specified bucket does not exist)",
+        ),
+        (
+            "s3://imgcls-shards/x.tar",
+            {"endpoint_url": "http://127.0.0.1:9", **CREDENTIALS, "config_kwargs": {"retries": {"max_attempts": 1}}},
+            "cannot read s3://imgcls-shards/x.tar: cannot connect (Could not connect to the endpoint URL",
+        ),
+        (
+            "gs://bucket/train-0.tar",
+            {},
+            "cannot read gs://bucket/train-0.tar: gs:// needs the package gcsfs (pip install gcsfs)",
+        ),
         ("https://127.0.0.1:9/train-0.tar", {}, "cannot read https://127.0.0.1:9/train-0.tar: cannot connect"),
     ],
 )
@@ -308,7 +325,8 @@ def test_https_path_and_a_server_that_disconnects(http_server: str, tmp_path: Pa
     with pytest.raises(DataError, match=rf"^cannot read {http_server}/shards/cut: "):
         remote.local_copy(f"{http_server}/shards/cut", str(tmp_path), {})
     assert sorted(p.name for p in (tmp_path / "remote" / "http").rglob("*") if p.is_file() and "cut" in p.name) == [
-        ".cut.lock"], "a cut download leaves no file but the lock"
+        ".cut.lock"
+    ], "a cut download leaves no file but the lock"
     with pytest.raises(DataError, match=r"shards/shrunk: the download stopped at 500000 of 1000000 bytes$"):
         remote.local_copy(f"{http_server}/shards/shrunk", str(tmp_path), {})
     assert not Path(copy_path(str(tmp_path), f"{http_server}/shards/shrunk")).exists()
@@ -359,8 +377,16 @@ def uploaded(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, st
 
 
 def _data_cfg(root: str, cache: Path, options: dict, **extra: object) -> dict:
-    return {"root": root, "format": "webdataset", "label_base": "auto", "num_classes": None, "index_dir": None,
-            "shard_cache": str(cache), "storage_options": options, **extra}
+    return {
+        "root": root,
+        "format": "webdataset",
+        "label_base": "auto",
+        "num_classes": None,
+        "index_dir": None,
+        "shard_cache": str(cache),
+        "storage_options": options,
+        **extra,
+    }
 
 
 def test_a_bucket_reads_as_its_local_folder(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
@@ -377,11 +403,13 @@ def test_a_bucket_reads_as_its_local_folder(s3: S3, uploaded: tuple[Path, str], 
         for near, far in zip(here.splits[split], there.splits[split]):
             copy = remote.local_copy(far.url, str(tmp_path), s3.options)
             assert list(read_records("webdataset", Path(copy).read_bytes())) == list(
-                read_records("webdataset", Path(near.url).read_bytes()))
+                read_records("webdataset", Path(near.url).read_bytes())
+            )
 
     bare = open_shard_set(_data_cfg(f"s3://{BUCKET}/bare", tmp_path, s3.options, num_classes=3))
     assert {k: [s.count for s in v] for k, v in bare.splits.items()} == {
-        k: [s.count for s in v] for k, v in here.splits.items()}, "counts from a scan of the downloaded shards"
+        k: [s.count for s in v] for k, v in here.splits.items()
+    }, "counts from a scan of the downloaded shards"
 
 
 def test_a_pipe_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_path: Path) -> None:
@@ -393,8 +421,9 @@ def test_a_pipe_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_p
     assert [s.count for s in there.splits["train"]] == [s.count for s in here.splits["train"]]
     first = there.splits["train"][0].url
     assert first == f"pipe:cat {local}/{Path(here.splits['train'][0].url).name}"
-    assert Path(remote.local_copy(first, str(tmp_path), {})).read_bytes() == Path(
-        here.splits["train"][0].url).read_bytes()
+    assert (
+        Path(remote.local_copy(first, str(tmp_path), {})).read_bytes() == Path(here.splits["train"][0].url).read_bytes()
+    )
 
 
 def test_an_http_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_path: Path) -> None:
@@ -438,14 +467,22 @@ def test_train_from_a_bucket_as_from_the_local_shards(s3: S3, uploaded: tuple[Pa
     gets_before = [s3.requests.gets(f"wds/{name}") for name in shards]
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     with ThreadPoolExecutor(1) as pool:
-        s3_run = pool.submit(run_cli, "train.py", *tiny_overrides(url, *common, f"run_dir={tmp_path / 's3'}",
-                             f"+data.storage_options.endpoint_url={s3.endpoint}"), env=env, timeout=300)
+        s3_run = pool.submit(
+            run_cli,
+            "train.py",
+            *tiny_overrides(
+                url, *common, f"run_dir={tmp_path / 's3'}", f"+data.storage_options.endpoint_url={s3.endpoint}"
+            ),
+            env=env,
+            timeout=300,
+        )
         run(compose_config(tiny_overrides(local, *common), run_dir=tmp_path / "local"))
         proc = s3_run.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = ("train.loss", "val.loss", "val.top1")
     local_epochs, s3_epochs = (
-        [{k: e[k] for k in keys} for e in read_report(tmp_path / n)["epochs"]] for n in ("local", "s3"))
+        [{k: e[k] for k in keys} for e in read_report(tmp_path / n)["epochs"]] for n in ("local", "s3")
+    )
     assert s3_epochs == local_epochs and len(s3_epochs) == 1
     assert sorted(p.name for p in (cache / "remote" / "s3" / BUCKET / "wds").glob("*.tar")) == shards
     gets = [s3.requests.gets(f"wds/{name}") - before for name, before in zip(shards, gets_before)]

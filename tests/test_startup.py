@@ -33,6 +33,7 @@ def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for module, name in checks:
         real = getattr(module, name, None)
         if real is not None:
+
             def counting(data: object, *args: object, _real=real, _name=name, **kwargs: object) -> object:
                 calls.append(_name)
                 return _real(data, *args, **kwargs)
@@ -102,7 +103,8 @@ def test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts(
     out = tmp_path / "rows.json"
     startup.main([str(source), "--classes", "4", "--train", "16", "--val", "2", "--dir", str(bench),
                   "--backends", "dali_cpu", "--image-size", "32", "--batch-size", "8", "--workers", "1",
-                  "--json", str(out)])  # fmt: skip
+                  "--json", str(out), "--no-disk-warmup",  # this test process has imported them
+                  "model.arch=test_resnet", "callbacks.charts=false"])  # the mechanics, not the numbers  # fmt: skip
     printed = capsys.readouterr().out
     assert _snapshot(tmp_path, bench) == {**before, str(out): _snapshot(tmp_path, bench)[str(out)]}
     tree = bench / "tree"
@@ -307,6 +309,7 @@ def test_stages_prints_each_milestone_of_a_start(tmp_path: Path) -> None:
 
     source = make_image_folder(tmp_path / "photos", classes=2, train_per_class=2, val_per_class=1, size=(96, 80))
     sizes = "--classes 2 --train 8 --val 1 --image-size 32 --batch-size 4 --workers 1".split()
+    sizes += ["model.arch=test_resnet", "callbacks.charts=false"]  # the milestones, not resnet18's numbers
     command = [sys.executable, "-m", "imgcls.bench.stages", str(source), "--dir", str(tmp_path / "bench"), *sizes]
     result = subprocess.run(command, cwd=startup.REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -41,8 +41,10 @@ def test_failed_job_does_not_stop_or_poison_the_next(image_folder: Path, tmp_pat
     args = tiny_overrides(image_folder, "recipe.epochs=1", "logger=wandb", f"hydra.sweep.dir={sweep}")
     result = train(tmp_path, "-m", *args, "recipe.lr_per_256=1e12,0.1")
     assert result.returncode == 3, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "imgcls: error: 1 sweep job(s) failed: job 0 (recipe.lr_per_256=1000000000000.0): train.loss is "
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("imgcls: error: 1 sweep job(s) failed: job 0 (recipe.lr_per_256=1000000000000.0): train.loss is ")
     )
     assert "Traceback" not in result.stderr
     assert not (sweep / "0" / "report.json").exists() or not read_report(sweep / "0")["epochs"]

@@ -38,9 +38,7 @@ def photo_batch(folder: Path, count: int = 6, size: int = 64) -> torch.Tensor:
 def sync_bn_run(image_folder: Path, tmp_path: Path):  # noqa: ANN201 - (module, layer-sync plugin)
     """The module and Trainer a `trainer.sync_batchnorm=true` EfficientNet-B0 run with EMA builds."""
     cfg = compose_config(
-        tiny_overrides(
-            image_folder, "model=efficientnet_b0", "recipe.ema_decay=0.9999", "trainer.sync_batchnorm=true"
-        ),
+        tiny_overrides(image_folder, "model=efficientnet_b0", "recipe.ema_decay=0.9999", "trainer.sync_batchnorm=true"),
         run_dir=tmp_path,
     )
     torch.manual_seed(0)

@@ -210,7 +210,9 @@ def test_tf2_experiment_matches_its_script(name: str) -> None:
             float(_flag(launcher, "--mixup_alpha")) if "--mixup_alpha" in launcher else 0.0,
         )
         assert (recipe.schedule, recipe.lr_decay_rate, recipe.lr_decay_epochs) == (
-            _flag(nodes, "--lr_decay"), float(_flag(nodes, "--lr_decay_rate")), float(_flag(nodes, "--lr_decay_epochs"))
+            _flag(nodes, "--lr_decay"),
+            float(_flag(nodes, "--lr_decay_rate")),
+            float(_flag(nodes, "--lr_decay_epochs")),
         )
         assert float(_flag(nodes, "--moving_average_decay")) == 0.0 and recipe.ema_decay is None  # no EMA
     assert (plan.per_device_batch, plan.world_size, plan.accumulation) == (row["per_device"], gpus, 1)

@@ -14,8 +14,17 @@ from imgcls.train import run
 from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 
 NVIDIA_NAMES = {
-    "train.loss", "train.total_ips", "train.compute_ips", "train.data_time", "train.compute_time", "train.lr",
-    "val.loss", "val.top1", "val.top5", "val.total_ips", "val.compute_ips",
+    "train.loss",
+    "train.total_ips",
+    "train.compute_ips",
+    "train.data_time",
+    "train.compute_time",
+    "train.lr",
+    "val.loss",
+    "val.top1",
+    "val.top5",
+    "val.total_ips",
+    "val.compute_ips",
 }
 
 
@@ -111,9 +120,20 @@ def test_half_precision_on_cpu(image_folder: Path, tmp_path: Path, precision: st
 @pytest.mark.slow
 def test_synthetic_backend_needs_no_files(tmp_path: Path) -> None:
     cfg = compose_config(
-        ["model=resnet18", "data=synthetic", "data.num_classes=4", "data.train_samples=32", "data.val_samples=16",
-         "model.image_size=32", "data.batch_size=8", "recipe.global_batch_size=16", "recipe.epochs=1",
-         "data.num_workers=0", "callbacks.progress_bar=none", "trainer.enable_progress_bar=false"],
+        [
+            "model=resnet18",
+            "data=synthetic",
+            "data.num_classes=4",
+            "data.train_samples=32",
+            "data.val_samples=16",
+            "model.image_size=32",
+            "data.batch_size=8",
+            "recipe.global_batch_size=16",
+            "recipe.epochs=1",
+            "data.num_workers=0",
+            "callbacks.progress_bar=none",
+            "trainer.enable_progress_bar=false",
+        ],
         run_dir=tmp_path,
     )
     run(cfg)
@@ -144,7 +164,10 @@ def test_wandb_offline_writes_the_run(image_folder: Path, tmp_path: Path, monkey
 def test_demo_reaches_90_percent(tmp_path: Path) -> None:
     """`make train`: the embedded digits demo must reach >= 90% val top-1 on CPU."""
     result = run_cli(
-        "train.py", "experiment=demo", f"hydra.run.dir={tmp_path / 'demo'}", "callbacks.progress_bar=none",
+        "train.py",
+        "experiment=demo",
+        f"hydra.run.dir={tmp_path / 'demo'}",
+        "callbacks.progress_bar=none",
         env={"IMGCLS_CACHE": str(tmp_path / "cache")},
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -89,8 +89,9 @@ def test_compositions_shared_through_the_cache_folder_equal_hydras(tmp_path: Pat
             resolved = copy.deepcopy(cfg)
             with open_dict(resolved):
                 resolved.run_dir = "/r"  # ${hydra:...} outside a Hydra run
-            assert OmegaConf.to_container(resolved, resolve=True)["recipe"] == OmegaConf.to_container(
-                OmegaConf.merge(fresh, {"run_dir": "/r"}), resolve=True
-            )["recipe"]
+            assert (
+                OmegaConf.to_container(resolved, resolve=True)["recipe"]
+                == OmegaConf.to_container(OmegaConf.merge(fresh, {"run_dir": "/r"}), resolve=True)["recipe"]
+            )
     assert len(list(tmp_path.glob("*.yaml"))) == len(cases)
     conftest._composed.cache_clear()

@@ -282,7 +282,10 @@ def start(
 
 
 def run(
-    argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 600,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 600,
     base_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """`python ARGV` to its end, as subprocess.run(..., capture_output=True, text=True) gives it."""

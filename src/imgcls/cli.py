@@ -141,7 +141,9 @@ def _finish_wandb() -> None:
 # The modes of each command (`mode=`): NVIDIA's benchmark_training / benchmark_inference next to the real thing,
 # as "module:function" (imported when chosen), and the check table every mode of the command applies first.
 TRAIN_MODES: dict[str, str] = {
-    "train": "imgcls.train:run", "benchmark": "imgcls.bench.training:run", "plan": "imgcls.plan:show"
+    "train": "imgcls.train:run",
+    "benchmark": "imgcls.bench.training:run",
+    "plan": "imgcls.plan:show",
 }
 EVALUATE_MODES: dict[str, str] = {"evaluate": "imgcls.evaluate:run", "benchmark": "imgcls.bench.inference:run"}
 

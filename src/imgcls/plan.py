@@ -85,7 +85,12 @@ def fit_per_device(per_device: int, global_batch: int, world_size: int) -> int:
 
 
 def make_plan(
-    *, per_device_batch: int, global_batch: int, world_size: int, lr_per_256: float, weight_decay: float,
+    *,
+    per_device_batch: int,
+    global_batch: int,
+    world_size: int,
+    lr_per_256: float,
+    weight_decay: float,
     lr: float | None = None,
 ) -> RunPlan:
     """lr: an absolute peak LR (`recipe.lr`, NVIDIA's --lr) instead of lr_per_256 scaled to the global batch."""

@@ -42,7 +42,10 @@ def _workers_uss() -> int:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]  # noqa: E501
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]  # noqa: E501
 
 
 def _heap() -> str:

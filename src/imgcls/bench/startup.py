@@ -204,6 +204,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="data.num_workers (the cpu profile's default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--no-disk-warmup", action="store_true", help="skip the untimed import that reads the libraries from disk"
+    )
     parser.add_argument("overrides", nargs="*", help="more train.py overrides for every start (KEY=VALUE)")
     args = parser.parse_intermixed_args(argv)
     for name in ("classes", "train", "val", "image_size", "batch_size"):
@@ -221,8 +224,8 @@ def run(args: argparse.Namespace) -> list[tuple[str, str, dict[str, float]]]:
     tree = build_tree(args.source, args.dir, args.classes, args.train, args.val)
     total = args.classes * (args.train + args.val)
     print(f"{tree}: {args.classes} classes, {total} files ({time.perf_counter() - began:.0f} s to build or check)")
-    # Untimed: the first Python process to import torch, Lightning and DALI reads them from disk.
-    subprocess.run([sys.executable, "-c", "import imgcls.train, imgcls.data.backends, nvidia.dali"], check=False)
+    if not args.no_disk_warmup:  # untimed: the first process to import torch, Lightning and DALI reads them from disk
+        subprocess.run([sys.executable, "-c", "import imgcls.train, imgcls.data.backends, nvidia.dali"], check=False)
     rows = []
     for backend in args.backends.split(","):
         run_dir = args.dir / "runs" / backend

@@ -44,7 +44,9 @@ class BadImageReport(L.Callback):
         self.mixup = {k: v for k, v in totals.items() if v}
         if self.files or self.mixup or "bad_images" in self.report.extra:
             self.report.extra["bad_images"] = {
-                "count": len(self.files), "files": dict(sorted(self.files.items())), **self.mixup
+                "count": len(self.files),
+                "files": dict(sorted(self.files.items())),
+                **self.mixup,
             }
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -44,9 +44,7 @@ class TorchvisionBackend:
     def _make_dataset(self, split: str, transform: Callable) -> Any:
         return CheckedImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
 
-    def _sampler(
-        self, dataset: Any, split: str, batch_size: int, rank: int, world_size: int, seed: int
-    ) -> RankSampler:
+    def _sampler(self, dataset: Any, split: str, batch_size: int, rank: int, world_size: int, seed: int) -> RankSampler:
         training = split == "train"
         return RankSampler(
             len(dataset), rank, world_size, shuffle=training, seed=seed, drop_last=training, per_sample_seeds=training

@@ -64,5 +64,3 @@ class CheckedImageFolder(ImageFolder):
             return self.transform(image), target
         with seeded(seed):
             return self.transform(image), target
-
-

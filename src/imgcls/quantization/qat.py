@@ -113,7 +113,6 @@ def calibration_device() -> torch.device:
     return torch.device("cpu")
 
 
-
 def describe(run_config: dict[str, Any]) -> dict[str, Any]:
     """The "quantization" entry of a QAT network's exports (format=int8 writes the same key for PTQ)."""
     recipe = run_config.get("recipe") or {}

@@ -54,8 +54,10 @@ IN_FLIGHT = "in flight"
 TAG = "CACHEDIR.TAG"
 TAG_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"  # bford.info/cachedir
 TAG_OWNER = "# data.shard_cache of imgcls"
-TAG_TEXT = (f"{TAG_SIGNATURE}\n{TAG_OWNER}: remote shard copies, DALI index files, record counts.\n"
-            "# Made again when needed; `python -m imgcls.data.shards cache prune` trims it.\n")
+TAG_TEXT = (
+    f"{TAG_SIGNATURE}\n{TAG_OWNER}: remote shard copies, DALI index files, record counts.\n"
+    "# Made again when needed; `python -m imgcls.data.shards cache prune` trims it.\n"
+)
 PIPE = "pipe:"
 PART = ".part"
 TEMP_GRACE_S = 30 * 60  # an in-flight file untouched this long belongs to a process that is gone
@@ -80,7 +82,7 @@ def copy_path(cache_dir: str, url: str) -> str:
     """Where remote.local_copy keeps `url`: CACHE/remote/<scheme>/<bucket-or-host>/<path>; pipe:CMD under
     CACHE/remote/pipe/<hash of CMD>/<the command's last file name>."""
     if url.startswith(PIPE):
-        command = url[len(PIPE):]
+        command = url[len(PIPE) :]
         try:
             words = shlex.split(command)
         except ValueError:  # unbalanced quotes: the shell will say so when it runs
@@ -188,8 +190,10 @@ def check_dir(cache_dir: str | None) -> str:
         return folder
     key = f"--dir={cache_dir}" if given else f"data.shard_cache={folder} (the default)"
     what = "is not a folder" if os.path.exists(folder) else "does not exist"
-    raise ConfigError(f"{key} {what}; allowed: a folder that a run used as data.shard_cache "
-                      "(--dir DIR; default $IMGCLS_CACHE/shards, else ~/.cache/imgcls/shards)")
+    raise ConfigError(
+        f"{key} {what}; allowed: a folder that a run used as data.shard_cache "
+        "(--dir DIR; default $IMGCLS_CACHE/shards, else ~/.cache/imgcls/shards)"
+    )
 
 
 def is_tagged(root: str) -> bool:
@@ -270,13 +274,16 @@ class Pruned:
     busy: list[Entry]  # chosen but locked by a download, or in flight and recent
 
 
-def prune(root: str, max_size: int | None = None, older_than_days: float | None = None,
-          now: float | None = None) -> Pruned:
+def prune(
+    root: str, max_size: int | None = None, older_than_days: float | None = None, now: float | None = None
+) -> Pruned:
     """Remove in-flight files left by dead processes, then entries last used more than `older_than_days`
     ago, then the least recently used until the imgcls files in CACHE total at most `max_size` bytes."""
     if not is_tagged(root):
-        raise ConfigError(f"--dir={root} has no {TAG} of imgcls: not a data.shard_cache that imgcls wrote; "
-                          "allowed: a folder that a run used as data.shard_cache (prune deletes only there)")
+        raise ConfigError(
+            f"--dir={root} has no {TAG} of imgcls: not a data.shard_cache that imgcls wrote; "
+            "allowed: a folder that a run used as data.shard_cache (prune deletes only there)"
+        )
     now = time.time() if now is None else now
     found = contents(root).entries
     result = Pruned([], [], [])
@@ -357,10 +364,21 @@ def _unlink(path: str) -> bool:
 
 # --- the command ------------------------------------------------------------------------------------------
 
-USAGE = ("python -m imgcls.data.shards cache [list] [--dir DIR] | "
-         "cache prune [--max-size SIZE] [--older-than DAYS] [--dir DIR]")
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+USAGE = (
+    "python -m imgcls.data.shards cache [list] [--dir DIR] | "
+    "cache prune [--max-size SIZE] [--older-than DAYS] [--dir DIR]"
+)
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)")
 
 
@@ -368,8 +386,10 @@ def parse_size(text: str, key: str = "--max-size") -> int:
     """'20GB' -> 20 * 10**9 bytes; units B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (of 1024)."""
     match = _SIZE.fullmatch(text.strip().lower())
     if not match or match.group(2) not in ("", *_UNITS):
-        raise ConfigError(f"{key}={text} is not a size; allowed: a number and a unit B, KB, MB, GB, TB (powers "
-                          "of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 20GB")
+        raise ConfigError(
+            f"{key}={text} is not a size; allowed: a number and a unit B, KB, MB, GB, TB (powers "
+            "of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 20GB"
+        )
     return int(float(match.group(1)) * _UNITS[match.group(2) or "b"])
 
 
@@ -416,8 +436,9 @@ def parse(argv: list[str]) -> dict:
         name, convert = options[key]
         args[name] = convert(value, key)
     if args["action"] == "list" and (args["max_size"] is not None or args["older_than"] is not None):
-        raise ConfigError(f"--max-size and --older-than are options of `cache prune`, not of `cache list` "
-                          f"(usage: {USAGE})")
+        raise ConfigError(
+            f"--max-size and --older-than are options of `cache prune`, not of `cache list` (usage: {USAGE})"
+        )
     if args["action"] == "prune" and args["max_size"] is None and args["older_than"] is None:
         raise ConfigError(f"cache prune needs --max-size SIZE and/or --older-than DAYS (usage: {USAGE})")
     return args
@@ -446,6 +467,8 @@ def main(argv: list[str]) -> int:
     result = prune(root, args["max_size"], args["older_than"])
     size = format_size(sum(e.size for e in result.removed))
     kept = format_size(sum(e.size for e in result.kept + result.busy))
-    print(f"removed {len(result.removed)} files ({size}) from {root}; kept {len(result.kept) + len(result.busy)} "
-          f"({kept})" + (f", {len(result.busy)} of them in use by a download" if result.busy else ""))
+    print(
+        f"removed {len(result.removed)} files ({size}) from {root}; kept {len(result.kept) + len(result.busy)} "
+        f"({kept})" + (f", {len(result.busy)} of them in use by a download" if result.busy else "")
+    )
     return 0

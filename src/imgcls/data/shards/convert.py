@@ -106,6 +106,7 @@ def _write_shard(dst: Path, name: str, fmt: str, items: list[tuple[str, int]], b
     # Each shard goes to a temp name in DST and is renamed: a killed conversion leaves no short shard.
     label_base = LABEL_BASE[fmt]
     if fmt == "webdataset":
+
         def write(tmp: Path) -> None:
             with open(tmp, "wb") as out:
                 writer = webdataset.ShardWriter(out)

@@ -108,6 +108,7 @@ def open_shard_set(cfg: Any) -> ShardSet:
 
 # --- with a manifest --------------------------------------------------------------------------------------
 
+
 def _read_manifest(root: str, options: Any, is_url: bool) -> dict | None:
     path = _join(root, MANIFEST)
     if is_url:
@@ -118,8 +119,9 @@ def _read_manifest(root: str, options: Any, is_url: bool) -> dict | None:
             try:
                 names = remote.list_names(root, options)
             except DataError as list_exc:
-                raise DataError(f"data.root={root} has no readable {MANIFEST} ({exc}) and cannot be listed "
-                                f"({list_exc})") from None
+                raise DataError(
+                    f"data.root={root} has no readable {MANIFEST} ({exc}) and cannot be listed ({list_exc})"
+                ) from None
             if MANIFEST in names:
                 raise
             return None
@@ -164,6 +166,7 @@ def _from_manifest(document: dict, root: str, fmt: str) -> tuple[list[str], int,
 
 # --- without a manifest (NVIDIA's TFRecords, webdataset tars from elsewhere) ------------------------------
 
+
 def _classes_without_manifest(num_classes: Any, root: str) -> list[str]:
     if num_classes is None:
         raise ConfigError(
@@ -179,6 +182,7 @@ def _classes_without_manifest(num_classes: Any, root: str) -> list[str]:
 
 def shard_names(names: list[str], fmt: str, split: str) -> list[str]:
     """The shard files of a split among a folder's file names, sorted."""
+
     def is_shard(name: str) -> bool:
         if not name.startswith(PREFIXES[split]):
             return False
@@ -243,6 +247,7 @@ def _scanned_count(path: str, fmt: str, cache_dir: str | None) -> int:
 
 
 # --- writing (the converter) ------------------------------------------------------------------------------
+
 
 def manifest_document(
     fmt: str, label_base: int, classes: list[str], shards: dict[str, list[tuple[str, int]]], **provenance: Any

@@ -83,8 +83,10 @@ def list_names(url: str, storage_options: Mapping[str, Any] | None = None) -> li
         except OSError as exc:
             raise DataError(f"cannot list {path}: {exc.strerror or type(exc).__name__}") from None
     if url.startswith(PIPE):
-        raise DataError(f"cannot list the files of {url}: a pipe: root needs a manifest.json "
-                        "(python -m imgcls.data.shards convert writes one)")
+        raise DataError(
+            f"cannot list the files of {url}: a pipe: root needs a manifest.json "
+            "(python -m imgcls.data.shards convert writes one)"
+        )
     fs, path = _filesystem(url, storage_options)
     try:
         _invalidate(fs, path)
@@ -103,8 +105,9 @@ def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, An
     if not is_remote(url):
         return _local_path(url)
     if cache_dir is None or str(cache_dir).strip() in ("", "None"):  # str(None) from a caller's str(cfg.shard_cache)
-        raise ConfigError(f"data.shard_cache is not set; {url} is copied there before it is read (set a folder "
-                          "on local disk)")
+        raise ConfigError(
+            f"data.shard_cache is not set; {url} is copied there before it is read (set a folder on local disk)"
+        )
     target = cache.copy_path(str(cache_dir), url)
     if url.startswith(PIPE):
         if os.path.exists(target):
@@ -126,8 +129,9 @@ def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, An
     return target
 
 
-def local_copies(urls: list[str], cache_dir: str, storage_options: Mapping[str, Any] | None = None,
-                 threads: int = 8) -> list[str]:
+def local_copies(
+    urls: list[str], cache_dir: str, storage_options: Mapping[str, Any] | None = None, threads: int = 8
+) -> list[str]:
     """local_copy of each URL, `threads` downloads at a time (one S3 stream reaches a fraction of a
     node's bandwidth); the paths in the order of `urls`; the first failure is raised."""
     if not any(is_remote(u) for u in urls):
@@ -149,7 +153,7 @@ def _text(data: bytes, where: str) -> str:
 
 
 def _local_path(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    return path[len("file://") :] if path.startswith("file://") else path
 
 
 def _plain(options: Any) -> Any:
@@ -242,8 +246,9 @@ def _download(url: str, target: str, fetch: Any, size: int | None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
-            raise StorageError(f"cannot write {target} (data.shard_cache): "
-                               f"{exc.strerror or type(exc).__name__}") from None
+            raise StorageError(
+                f"cannot write {target} (data.shard_cache): {exc.strerror or type(exc).__name__}"
+            ) from None
         raise
 
 
@@ -273,7 +278,7 @@ def _run_pipe_to(url: str, tmp: str) -> None:
 def _run_pipe(url: str, out: Any) -> None:
     # webdataset's `pipe:` convention: the rest of the URL is a shell command whose stdout is the file
     # (curl, aws s3 cp - , gsutil cat ...); its stderr goes to ours, where the user sees the tool's message.
-    command = url[len(PIPE):]
+    command = url[len(PIPE) :]
     try:
         proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE)
     except OSError as exc:
@@ -296,8 +301,17 @@ def _failure(verb: str, url: str, exc: BaseException) -> Exception:
     return DataError(f"cannot {verb} {url}: {_reason(chain)}")
 
 
-_CONNECTION = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ClientConnectorError",
-               "ConnectionError", "ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "TimeoutError"}
+_CONNECTION = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ClientConnectorError",
+    "ConnectionError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "ClientPayloadError",
+    "TimeoutError",
+}
 
 
 def _reason(chain: list[BaseException]) -> str:
@@ -307,8 +321,10 @@ def _reason(chain: list[BaseException]) -> str:
     names = {c.__name__ for e in chain for c in type(e).__mro__}
     text = " ".join(str(exc).split()) or type(exc).__name__
     if "NoCredentialsError" in names or "PartialCredentialsError" in names:
-        return (f"no credentials ({text}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
-                "data.storage_options.key/secret, or data.storage_options.anon=true for a public bucket")
+        return (
+            f"no credentials ({text}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
+            "data.storage_options.key/secret, or data.storage_options.anon=true for a public bucket"
+        )
     if names & _CONNECTION:
         cause = chain[-1]
         detail = " ".join(str(cause).split()) or type(cause).__name__

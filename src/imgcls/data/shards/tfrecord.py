@@ -42,6 +42,7 @@ def masked_crc(data: bytes) -> int:
 
 # --- tf.train.Example -------------------------------------------------------------------------------------
 
+
 @functools.cache
 def _example_class() -> Any:
     """The message classes of tensorflow/core/example/{feature,example}.proto, built from a descriptor written
@@ -119,6 +120,7 @@ def decode_example(data: bytes, where: str = "") -> tuple[bytes, int, str | None
 
 # --- framing ----------------------------------------------------------------------------------------------
 
+
 def write_record(out: BinaryIO, data: bytes) -> int:
     """Append one framed record; returns the bytes written (the DALI index's record length)."""
     length = struct.pack("<Q", len(data))
@@ -136,8 +138,9 @@ def iter_records(data: bytes, where: str = "") -> Iterator[bytes]:
             raise DataError(f"{where}: truncated TFRecord (record {number} at byte {offset} has no full header)")
         length, length_crc = _HEADER.unpack_from(data, offset)
         if masked_crc(data[offset : offset + 8]) != length_crc:
-            raise DataError(f"{where}: not a TFRecord file or corrupt (bad length checksum of record {number} "
-                            f"at byte {offset})")
+            raise DataError(
+                f"{where}: not a TFRecord file or corrupt (bad length checksum of record {number} at byte {offset})"
+            )
         start = offset + _HEADER.size
         end = start + length
         if end + _FOOTER.size > len(data):
@@ -173,6 +176,7 @@ def scan_file(path: str | Path) -> list[tuple[int, int]]:
 
 
 # --- DALI index files -------------------------------------------------------------------------------------
+
 
 def index_text(spans: list[tuple[int, int]]) -> str:
     """DALI's tfrecord2idx format (its bin/tfrecord2idx script): one "offset length" line per record, the

@@ -101,8 +101,9 @@ def _sample(key: str, members: dict[str, bytes], where: str) -> tuple[bytes, int
     try:
         label = int(members[LABEL_EXTENSION].decode().strip())
     except ValueError:
-        raise DataError(f"{where}: sample '{key}': .{LABEL_EXTENSION} is not an integer "
-                        f"({members[LABEL_EXTENSION][:20]!r})") from None
+        raise DataError(
+            f"{where}: sample '{key}': .{LABEL_EXTENSION} is not an integer ({members[LABEL_EXTENSION][:20]!r})"
+        ) from None
     return image, label, key
 
 
