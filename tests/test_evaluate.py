@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from imgcls.errors import CheckpointError, ConfigError
+from imgcls.errors import CheckpointError, ConfigError, DataError
 from imgcls.evaluate import run as evaluate
 from imgcls.export import export_weights
 from imgcls.models.trained import load_trained
@@ -43,6 +43,30 @@ def test_evaluate_equals_the_validation_training_logged(trained: Path, tmp_path:
     for name in ("val.top1", "val.top5", "val.loss", "val.total_ips", "val.compute_ips"):
         assert written[name] == pytest.approx(metrics[name])
     assert written["val.total_ips"] > 0 and written["weights"] == "raw" and written["model"] == "test_resnet"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
+def test_tfrecords_without_a_manifest_take_the_checkpoints_class_names(
+    trained: Path, image_folder: Path, tmp_path: Path, backend: str
+) -> None:
+    """NVIDIA-style TFRecords (label numbers only, no manifest.json, as build_imagenet_data.py writes them): the
+    checkpoint names the classes when the counts agree, and the metrics are those of the same images as a folder."""
+    from imgcls.data.shards.convert import convert
+
+    shards = convert(image_folder, tmp_path / "shards", "tfrecord", shard_size=4, progress=False)
+    shards.unlink()  # convert returns the manifest it wrote
+    shards = shards.parent
+    ckpt = f"ckpt={trained / 'checkpoints' / 'last.ckpt'}"
+    from_folder = _evaluate(tmp_path / "folder", ckpt, f"data.backend={backend}")
+    common = (ckpt, f"data.root={shards}", "data.format=tfrecord", f"data.backend={backend}")
+    from_records = _evaluate(tmp_path / "records", *common)
+    assert from_records["val.top1"] == from_folder["val.top1"]
+    assert from_records["val.loss"] == pytest.approx(from_folder["val.loss"], rel=1e-5)
+    with pytest.raises(DataError, match="differ from the 3 of ckpt"):  # other names: still refused
+        _evaluate(tmp_path / "named", *common, "data.class_names=[a,b,c]")
+    with pytest.raises(DataError, match="has 4 classes that differ from the 3"):  # another count: no names to take
+        _evaluate(tmp_path / "count", *common, "data.num_classes=4")
 
 
 @pytest.mark.slow

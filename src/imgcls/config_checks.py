@@ -262,6 +262,7 @@ TRAIN: dict[str, Check] = {
     "data.mean": numbers(3, 0, 1),
     "data.std": numbers(3, 0, open_low=True),
     "data.num_classes": POSITIVE_OR_NULL,
+    "data.class_names": anything,  # data/shards/manifest.py names a bad list (not a list, count not num_classes)
     "data.train_samples": POSITIVE,
     "data.val_samples": POSITIVE,
     "data.channels_last": boolean,
@@ -351,6 +352,8 @@ EVALUATE: dict[str, Check] = {
     # null: the checkpoint's value (shard datasets: docs/shards.md)
     "data.format": lambda v: None if v is None else TRAIN["data.format"](v),
     "data.label_base": anything,  # data/shards names what is allowed (auto, 0, 1)
+    "data.num_classes": POSITIVE_OR_NULL,
+    "data.class_names": anything,  # data/shards/manifest.py names a bad list
     "data.index_dir": anything,
     "data.shard_cache": anything,
     "data.storage_options": anything,  # a mapping of fsspec's options, checked by fsspec

@@ -36,6 +36,11 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
 
 def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: str) -> ClassificationDataModule:
     """The data of data_cfg, refused in one line when its classes are not the model's."""
+    count = data_cfg.get("num_classes")
+    if data_cfg.get("class_names") is None and (count is None or int(count) == len(classes)):
+        # Shards without manifest.json (NVIDIA's TFRecords from build_imagenet_data.py) carry label numbers only: the
+        # checkpoint names them, in its label order. A manifest's names win and are compared below.
+        data_cfg = OmegaConf.merge(data_cfg, {"class_names": list(classes)})
     datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
     if datamodule.classes != classes:
         raise DataError(

@@ -92,7 +92,7 @@ def open_shard_set(cfg: Any) -> ShardSet:
     if document is not None:
         classes, stored_base, splits = _from_manifest(document, root, fmt)
     else:
-        classes = _classes_without_manifest(_get(cfg, "num_classes"), root)
+        classes = _classes_without_manifest(_get(cfg, "num_classes"), _get(cfg, "class_names"), root)
         stored_base = DEFAULT_LABEL_BASE[fmt]
         splits = _from_names(root, fmt, options, is_url, _get(cfg, "index_dir"), cache_dir)
     num_classes = _get(cfg, "num_classes")
@@ -167,7 +167,14 @@ def _from_manifest(document: dict, root: str, fmt: str) -> tuple[list[str], int,
 # --- without a manifest (NVIDIA's TFRecords, webdataset tars from elsewhere) ------------------------------
 
 
-def _classes_without_manifest(num_classes: Any, root: str) -> list[str]:
+def _classes_without_manifest(num_classes: Any, class_names: Any, root: str) -> list[str]:
+    if class_names is not None:  # the records carry label numbers only: the user (or evaluate's checkpoint) names them
+        names = [str(n) for n in class_names] if not isinstance(class_names, (str, bytes)) else None
+        if not names:
+            raise ConfigError(f"data.class_names={class_names} is not a list of class names")
+        if num_classes is not None and int(num_classes) != len(names):
+            raise ConfigError(f"data.class_names lists {len(names)} classes but data.num_classes={num_classes}")
+        return names
     if num_classes is None:
         raise ConfigError(
             f"data.num_classes is not set and data.root={root} has no {MANIFEST} naming the classes; "
