@@ -35,11 +35,11 @@ from imgcls.models import build_network
 from tests import nvidia_reference
 from tests.conftest import compose_config
 
-# NVIDIA --arch -> imgcls model overrides (SE-ResNeXt: NVIDIA's SE width 16).
+# NVIDIA --arch -> imgcls model overrides (SE-ResNeXt: NVIDIA's SE width 16 is read from the file's shapes).
 MODELS = {
     "resnet50": ["model=resnet50"],
     "resnext101-32x4d": ["model=resnext101_32x4d"],
-    "se-resnext101-32x4d": ["model=se_resnext101_32x4d", "model.se_width=16"],
+    "se-resnext101-32x4d": ["model=se_resnext101_32x4d"],
     "efficientnet-b0": ["model=efficientnet_b0"],
     "efficientnet-b4": ["model=efficientnet_b4"],
     "efficientnet-widese-b0": ["model=efficientnet_widese_b0"],
@@ -180,16 +180,25 @@ def test_a_file_of_no_known_layout_names_the_closest_and_its_missing_keys(tmp_pa
 
 
 @pytest.mark.slow
-def test_nvidias_se_resnext_without_se_width_16_is_named_and_refused(tmp_path: Path) -> None:
-    """The NGC SE-ResNeXt file into imgcls's default C/16 network: one line naming NVIDIA's 20.06 layout (its
-    SE tensors have another shape, every name is known) and the key that builds NVIDIA's network."""
-    path = nvidia_file(tmp_path / "se.pth", nvidia_reference.build("se-resnext101-32x4d"), "old", wrapper=False)
-    with pytest.raises(CheckpointError) as error:
-        build_network(compose_config(["model=se_resnext101_32x4d", f"model.weights={path}"]).model, 1000)
-    message = str(error.value)
-    assert "\n" not in message  # stage 1's SE fits (256 / 16 = 16); stage 2's is 512 / 16 = 32 wide here
-    assert "of another shape (e.g. ['layer2.0.se.fc1.weight (16, 512, 1, 1) vs (32, 512, 1, 1)'" in message
-    assert "closest key layout: NVIDIA ResNet, NGC 20.06" in message and "model.se_width=16" in message
+def test_nvidias_se_resnext_loads_with_the_model_name_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The NGC SE-ResNeXt file (20.06 layout, every SE squeezed to 16 channels, not imgcls's default C/16) with
+    model=se_resnext101_32x4d alone: the SE width comes from the file's shapes, the log says so, and the network
+    computes what NVIDIA's does; the same file through evaluate's plain-state_dict path too."""
+    from imgcls.config import model_config
+    from imgcls.models.trained import load_trained
+
+    reference = nvidia_reference.build("se-resnext101-32x4d").eval()
+    path = nvidia_file(tmp_path / "se.pth", reference, "old", wrapper=False)
+    with caplog.at_level("INFO", logger="imgcls.models.factory"):
+        net = build_network(compose_config(["model=se_resnext101_32x4d", f"model.weights={path}"]).model, 1000).eval()
+    assert "model.se_width=16" in caplog.text
+    assert net.layer2[0].se.fc1.weight.shape[0] == 16 and net.layer4[0].se.fc1.weight.shape[0] == 16
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(net(images), reference(images), atol=TOLERANCE)
+    cfg = compose_config(["model=se_resnext101_32x4d"], config_name="evaluate")
+    trained = load_trained(path, model_cfg=model_config(cfg))
+    assert trained.net.layer3[0].se.fc1.weight.shape[0] == 16
 
 
 @pytest.mark.slow

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import timm
+import torch
 from timm.layers.weight_init import trunc_normal_tf_, variance_scaling_
 from torch import nn
 
 from imgcls.choices import CONV_INIT_ALIASES, CONV_INITS, TF_INITS
 from imgcls.errors import ConfigError
-from imgcls.models.squeeze_excitation import se_kwargs
-from imgcls.models.weights import load_weights
+from imgcls.models.squeeze_excitation import SE_RESNET_PREFIXES, se_kwargs
+from imgcls.models.weights import in_network_layout, load_state, read_state_dict
+
+log = logging.getLogger(__name__)
 
 
 def build_network(cfg: Any, num_classes: int) -> nn.Module:
@@ -22,13 +26,34 @@ def build_network(cfg: Any, num_classes: int) -> nn.Module:
     kwargs: dict[str, Any] = {"drop_rate": float(cfg.drop_rate)}
     if cfg.drop_path_rate:
         kwargs["drop_path_rate"] = float(cfg.drop_path_rate)
-    kwargs.update(se_kwargs(cfg.arch, cfg.get("se_width"), bool(cfg.get("wide_se"))))
+    state = read_state_dict(cfg.weights) if cfg.get("weights") else None
+    se_width = cfg.get("se_width")
+    if se_width is None and state is not None:
+        se_width = se_width_of(str(cfg.arch), state, f"model.weights={cfg.weights}")
+    kwargs.update(se_kwargs(cfg.arch, se_width, bool(cfg.get("wide_se"))))
     net = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
     init_nvidia(net, conv_init=cfg.conv_init, zero_init_last_bn=bool(cfg.zero_init_last_bn))
     set_batchnorm(net, momentum=cfg.get("bn_momentum"), eps=cfg.get("bn_eps"))
-    if cfg.get("weights"):
-        load_weights(net, cfg.weights, arch=cfg.arch)
+    if state is not None:
+        load_state(net, state, f"model.weights={cfg.weights}", cfg.arch)
     return net
+
+
+def se_width_of(arch: str, state: dict[str, torch.Tensor], source: str) -> int | None:
+    """The constant SE width of a SE-ResNe(X)t state_dict whose SE layers do not fit the default C/16 network
+    (NVIDIA's PyTorch files squeeze every block to 16), else None: NGC files load with the model name alone."""
+    if not arch.startswith(SE_RESNET_PREFIXES):
+        return None
+    default = timm.create_model(arch, pretrained=False)
+    _, state = in_network_layout(default, state)  # NVIDIA's key layouts as timm's
+    own = {k: v.shape[0] for k, v in default.state_dict().items() if k.endswith(".se.fc1.weight")}
+    found = {k: state[k].shape[0] for k in own if k in state and state[k].dim() == 4}
+    widths = set(found.values())
+    if len(found) != len(own) or len(widths) != 1 or found == own:
+        return None  # not an SE file of this network, or the default widths: load_state says what does not fit
+    width = widths.pop()
+    log.info("model.se_width=%d: %s squeezes every SE block to %d channels (NVIDIA's PyTorch SE)", width, source, width)
+    return width
 
 
 def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bool = False) -> None:

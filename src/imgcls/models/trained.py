@@ -15,7 +15,7 @@ from torch import nn
 
 from imgcls.data.imagenet_classes import imagenet_names
 from imgcls.errors import CheckpointError
-from imgcls.models.factory import build_network
+from imgcls.models.factory import build_network, se_width_of
 from imgcls.models.weights import (
     EXPORT_FORMAT,
     head_name,
@@ -141,6 +141,8 @@ def load_trained(
         raise CheckpointError(f"{key}={path} is a plain state_dict without metadata: name its model (model=NAME)")
     if use_ema:
         raise CheckpointError(f"{key}={path} is a plain state_dict: use_ema needs an imgcls checkpoint")
+    if model_cfg.get("se_width") is None:  # NVIDIA's SE-ResNeXt files: the SE width from the file's shapes
+        model_cfg = {**model_cfg, "se_width": se_width_of(str(model_cfg["arch"]), state, f"{key}={path}")}
     probe = _build(model_cfg, 1)
     head_key = head_name(probe) + ".weight"
     if classes is None:

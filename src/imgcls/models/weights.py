@@ -139,8 +139,3 @@ def load_state(
             f"{source} does not fit model {arch}: {', '.join(parts)}; closest key layout: {layout}{se}"
         )
     net.load_state_dict(state, strict=False)
-
-
-def load_weights(net: nn.Module, path: str | Path, arch: str) -> None:
-    """`model.weights=PATH`: ours (export or checkpoint), timm's or torchvision's state_dict."""
-    load_state(net, read_state_dict(path), f"model.weights={path}", arch)
