@@ -235,8 +235,12 @@ def test_tf1_folder_with_dali_index_files_opens_without_a_manifest(converted: di
     assert [Path(s.url).name for s in shard_set.splits["val"]] == [f"validation-0000{i}-of-00002" for i in (0, 1)]
     assert not (tmp_path / "cache").exists()  # counted from the index files, no scan
     assert open_shard_set({**cfg, "label_base": 0}).label_base == 0
-    imagenet = open_shard_set({**cfg, "num_classes": 1000})
-    assert imagenet.classes[:2] == ["n01440764", "n01443537"] and len(imagenet.classes) == 1000
+    # 1000 classes are named by ImageNet's sorted wnids; these records carry their own synsets (class_0, ...), so the
+    # first record's synset refuses that naming (build_imagenet_data.py's records carry the wnids and pass).
+    with pytest.raises(DataError, match="synset class_0, but the class names give label 1 .* the name n01440764"):
+        open_shard_set({**cfg, "num_classes": 1000})
+    named = open_shard_set({**cfg, "num_classes": 3, "class_names": ["class_0", "class_1", "class_2"]})
+    assert named.classes == ["class_0", "class_1", "class_2"]
 
 
 def test_nvidia_layout_tfrecords_beside_dali_idx(converted: dict[str, Path], tmp_path: Path) -> None:

@@ -217,6 +217,9 @@ class DaliBackend:
                 randaugment=randaugment,
                 with_crop_shape=with_crop_shape,
                 host_resize=host_resize is not None,
+                # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts
+                # the pipeline's source with DALI's autograph (~1 s a build), so only when an augment policy runs.
+                enable_conditionals=cfg.augment is not None,
             )
         else:
             pipe = val_pipeline(**common, resize=val_resize_size(cfg, common["size"]))

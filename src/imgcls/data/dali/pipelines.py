@@ -207,7 +207,8 @@ def _read_records(source: ShardSource, shard_id: int, num_shards: int, training:
     return jpegs, key, bad
 
 
-@pipeline_def(enable_conditionals=True)  # conditionals: required by DALI's auto_aug policies
+@pipeline_def(enable_conditionals=True)  # conditionals: required by DALI's auto_aug policies (the backend turns them
+# off when no policy runs: data/dali/backend.py)
 def train_pipeline(
     *,
     source: FolderSource | ShardSource | None = None,

@@ -95,6 +95,10 @@ def open_shard_set(cfg: Any) -> ShardSet:
         classes = _classes_without_manifest(_get(cfg, "num_classes"), _get(cfg, "class_names"), root)
         stored_base = DEFAULT_LABEL_BASE[fmt]
         splits = _from_names(root, fmt, options, is_url, _get(cfg, "index_dir"), cache_dir)
+        named = _get(cfg, "class_names") is not None or len(classes) == 1000  # not "0".."N-1"
+        if fmt == "tfrecord" and named and not is_url:
+            base = stored_base if label_base == "auto" else int(label_base)
+            _check_synset(classes, base, next(iter(splits.get("val") or splits.get("train") or []), None))
     num_classes = _get(cfg, "num_classes")
     if num_classes is not None and int(num_classes) != len(classes):
         raise ConfigError(f"data.num_classes={num_classes} but {_join(root, MANIFEST)} lists {len(classes)} classes")
@@ -185,6 +189,22 @@ def _classes_without_manifest(num_classes: Any, class_names: Any, root: str) -> 
 
         return list(imagenet_names())  # the sorted wnids: ImageFolder's label order, TF1's synset order
     return [str(i) for i in range(int(num_classes))]
+
+
+def _check_synset(classes: list[str], label_base: int, shard: Shard | None) -> None:
+    """The records carry label numbers; build_imagenet_data.py also writes each record's synset. The first record's
+    synset must be the name the classes give its label, or every label would be read as another class."""
+    found = tfrecord.first_synset(shard.url) if shard is not None else None
+    if found is None:
+        return
+    stored, synset = found
+    index = stored - label_base
+    if 0 <= index < len(classes) and classes[index] != synset:
+        raise DataError(
+            f"{shard.url}: its first record has label {stored}, synset {synset}, but the class names give label "
+            f"{stored} (data.label_base={label_base}) the name {classes[index]} (data.class_names, the checkpoint's, "
+            f"or ImageNet's sorted wnids): the records are labelled in another order"
+        )
 
 
 def shard_names(names: list[str], fmt: str, split: str) -> list[str]:

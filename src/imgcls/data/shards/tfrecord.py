@@ -152,6 +152,25 @@ def iter_records(data: bytes, where: str = "") -> Iterator[bytes]:
         offset, number = end + _FOOTER.size, number + 1
 
 
+def first_synset(path: str | Path) -> tuple[int, str] | None:
+    """(stored label, image/class/synset) of a TFRecord file's first record, or None when it has none
+    (build_imagenet_data.py and imgcls's converter write the synset; other writers may not)."""
+    with open(path, "rb") as f:
+        header = f.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return None
+        data = f.read(_HEADER.unpack(header)[0])
+    example = _example_class()()
+    try:
+        example.ParseFromString(data)
+    except DecodeError:
+        return None  # the readers name a corrupt record when they reach it
+    feature = example.features.feature
+    if not feature[SYNSET_KEY].bytes_list.value or not feature[LABEL_KEY].int64_list.value:
+        return None
+    return int(feature[LABEL_KEY].int64_list.value[0]), feature[SYNSET_KEY].bytes_list.value[0].decode(errors="replace")
+
+
 def scan_file(path: str | Path) -> list[tuple[int, int]]:
     """(offset, length) of each record of a TFRecord file, reading only the 12-byte headers (seeking past the
     data): the DALI index and the record count of a shard without reading it."""
