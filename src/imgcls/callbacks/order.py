@@ -40,7 +40,7 @@ def training_callbacks(
         BadImageReport(report, datamodule.bad_images),  # before the report: its rows carry the skipped files
         FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
         report,
-        EpochLog(report, run_dir, int(cfg.recipe.epochs), plots=bool(cfg.callbacks.get("charts", True))),  # after the
+        EpochLog(report, run_dir, int(cfg.recipe.epochs), plots=bool(cfg.callbacks.charts)),  # after the
         # report: logs the row it has just made
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
