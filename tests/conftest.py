@@ -246,7 +246,7 @@ def clean_env() -> dict[str, str]:
 # (A test listed here uses no costly module-scoped fixture: taken out of its module's order, it would set that
 # fixture up a second time.)
 LONGEST_FIRST = (
-    "test_demo_reaches_90_percent", "test_compile_trains_and_keeps_checkpoint_keys",
+    "test_demo_reaches_90_percent", "test_compile_trains_under_ddp_and_keeps_checkpoint_keys",
     "test_every_published_combination_trains_validates_and_resumes_on_two_ranks",
     "test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts",
     "test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights",

@@ -1,12 +1,15 @@
 """Every feature combination of the published runs (conf/experiment/), together, on 2 gloo ranks.
 
 Each experiment is reduced to what changes how a training step runs on several ranks: optimizer, EMA and its
-warmup, mixup, cutmix, label smoothing, LR schedule, precision (as its CPU equivalent: amp -> fp16 autocast
-with GradScaler("cpu"), bf16 -> bf16, tf32 -> fp32), gradient accumulation, stage-wise training, QAT and the
-data backend (dali_gpu -> dali_cpu). The first experiment of each distinct combination runs as itself, scaled
-down (timm's test_resnet at 32 px, 4 images a rank, 2 optimizer steps an epoch), on 2 DDP ranks: one validated
-epoch, last.ckpt, then a resume from it for one more epoch. Sync BN needs CUDA and is left to make gpu-check.
-A new experiment is covered without editing this file: its combination is either already run or a new case.
+warmup, mixup, cutmix, label smoothing, LR schedule, precision (as its CPU equivalent: amp -> fp16 autocast with
+GradScaler("cpu"), bf16 -> bf16, tf32 -> fp32), gradient accumulation, stage-wise training, QAT and the data
+backend (dali_gpu -> dali_cpu). An augmentation policy (AutoAugment, RandAugment) changes what an image looks like,
+not how a step runs on several ranks: the first case with each policy and backend runs it, the later ones train
+without it (a DALI policy's graph takes ~1.5 s to build at every fit). The first experiment of each distinct
+combination runs as itself, scaled down (timm's test_resnet at 32 px, 4 images a rank, 2 optimizer steps an epoch),
+on 2 DDP ranks: one validated epoch, last.ckpt, then a resume from it for one more epoch. Sync BN needs CUDA and is
+left to make gpu-check. A new experiment is covered without editing this file: its combination is either already
+run or a new case.
 
 Why not a SIGKILL per case: a resume reads the same atomically written last.ckpt either way, and the kill
 itself is tested in test_kill_resume.py and test_distributed.py; one process pair for all cases keeps the
@@ -56,6 +59,10 @@ def published_combinations() -> dict[str, tuple[tuple[str, object], ...]]:
     return {experiment: features for features, experiment in cases.items()}
 
 
+def augment_policy(experiment: str) -> str | None:
+    return compose_config([f"experiment={experiment}"]).data.get("augment")
+
+
 def scaled_down(experiment: str, features: dict[str, object], data: dict[bool, Path]) -> list[str]:
     accumulation = 2 if features["accumulation"] else 1
     overrides = [
@@ -79,7 +86,13 @@ def test_every_published_combination_trains_validates_and_resumes_on_two_ranks(t
     # 2 optimizer steps an epoch on each rank: 16 training images (4 a rank, 2 ranks), 32 with accumulation 2
     data = {False: make_image_folder(tmp_path / "d16", classes=2, train_per_class=8, val_per_class=4),
             True: make_image_folder(tmp_path / "d32", classes=2, train_per_class=16, val_per_class=4)}  # fmt: skip
-    overrides = {name: scaled_down(name, dict(features), data) for name, features in cases.items()}
+    overrides, augmented = {}, set()
+    for name, features in cases.items():
+        overrides[name] = scaled_down(name, dict(features), data)
+        policy = (augment_policy(name), dict(features)["backend"])
+        if policy in augmented:  # once per policy and backend: each DALI fit with a policy spends ~1.5 s on its graph
+            overrides[name].append("data.augment=null")
+        augmented.add(policy)
     (tmp_path / "cases.json").write_text(json.dumps(overrides))
     env = {**clean_env(), "MASTER_PORT": str(free_port())}
     result = warm_python.run([ROOT / "tests" / "published_combinations.py", str(tmp_path / "cases.json"),
