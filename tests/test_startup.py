@@ -318,3 +318,60 @@ def test_stages_prints_each_milestone_of_a_start(tmp_path: Path) -> None:
         "imports", "file list (16 files)", "loader built (DALI ran its first batch)", "first batch in the step",
         "first forward", "first backward", "first step done", "end",
     ]  # fmt: skip
+
+
+RANK_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+sys.path.insert(0, {repo!r})
+from imgcls.data.backends import make_backend
+from imgcls.data.dali.file_list import FileList
+from imgcls.errors import DataError
+from tests.conftest import compose_config, tiny_overrides
+
+walks = []
+walk = FileList.__init__
+def counting(self, split_root, classes):
+    walks.append(str(split_root))
+    walk(self, split_root, classes)
+FileList.__init__ = counting
+
+dist.init_process_group("gloo")
+backend = make_backend(compose_config(tiny_overrides({root!r}, "data.backend=dali_cpu")).data)
+files = backend.files("train")
+row = {{"paths": [files.path(i) for i in range(len(files))], "targets": files.targets.tolist()}}
+try:
+    backend.files("val")
+except DataError as exc:
+    row["val"] = str(exc)
+row["walks"] = walks
+with open(sys.argv[1], "w") as out:
+    json.dump(row, out)
+"""
+
+
+@pytest.mark.slow
+def test_one_rank_lists_the_folder_and_the_others_receive_it(tmp_path: Path) -> None:
+    """Under DDP only rank 0 walks a split's tree (1.33M entries on ImageNet: every rank walking it multiplied the
+    load on shared storage and the start time); the others receive its list, the same files and labels as a walk
+    of their own. A failure of the walk reaches every rank as the same one-line error instead of a hang."""
+    from imgcls.data.dali.file_list import FileList
+    from tests import warm_python
+    from tests.conftest import ROOT, clean_env, free_port
+
+    root = make_image_folder(tmp_path / "data", classes=3, train_per_class=5, val_per_class=1)
+    for image in (root / "val" / "class_1").iterdir():  # a val class folder without images: the walk's error
+        image.unlink()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(repo=str(ROOT), root=str(root)))
+    env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    procs = [warm_python.start([script, tmp_path / f"rank{r}.json"], {"RANK": str(r)}, base_env=env) for r in (0, 1)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert rows[0]["walks"] == [str(root / "train"), str(root / "val")] and rows[1]["walks"] == []
+    mine = FileList(root / "train", ["class_0", "class_1", "class_2"])
+    for row in rows:
+        assert row["paths"] == [mine.path(i) for i in range(len(mine))] and row["targets"] == mine.targets.tolist()
+        assert row["val"] == f"{root / 'val' / 'class_1'} has no images (" + row["val"].split(" (", 1)[1]

@@ -1,17 +1,20 @@
 """What a run needs from its launch and process group: the local rank the launcher announced, a gather of
-Python objects over ranks, and the period of the host syncs the callbacks share."""
+Python objects over ranks, a result made once and sent to every rank, and the period of the host syncs the
+callbacks share."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 # Optimizer steps between the host syncs of FiniteLoss and of Preemption under DDP. Lightning's logging
 # syncs every trainer.log_every_n_steps (50 by default), a multiple of this, so the syncs coincide.
 SYNC_EVERY_N_STEPS = 10
+
+T = TypeVar("T")
 
 
 def launcher_local_rank(env: Mapping[str, str] | None = None) -> int:
@@ -31,3 +34,23 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def made_once(make: Callable[[], T]) -> T:
+    """`make()` run on global rank 0 only, its result sent to every rank (a collective under DDP; `make()` itself
+    in a single process). An exception rank 0 raises is sent too and raised on every rank, so that no rank waits
+    for a result that never comes. For work every rank would otherwise repeat on shared storage, such as
+    walking a 1.3M-file tree."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return make()
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = (True, make())
+        except Exception as exc:  # noqa: BLE001 - raised below on this rank too, after the other ranks have it
+            box[0] = (False, exc)
+    dist.broadcast_object_list(box, src=0)
+    made, value = box[0]
+    if not made:
+        raise value
+    return value
