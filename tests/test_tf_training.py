@@ -337,6 +337,33 @@ def test_tf1_init_is_truncated_variance_scaling_fan_in() -> None:
         assert w.abs().max().item() <= 2 * std / 0.87962566103423978 + 1e-6
 
 
+def test_tf1_se_dense_layers_are_initialized_at_scale_one() -> None:
+    """TF1 SE-ResNeXt: the SE block's two dense layers take squeeze_excitation_layer's default initializer,
+    variance 1 / fan_in (TF1/model/layers/squeeze_excitation_layer.py:32), not the convs' 2 / fan_in."""
+    torch.manual_seed(0)
+    net = build_network(compose_config(["model=se_resnext101_32x4d", "model.conv_init=tf1"]).model, num_classes=10)
+    block = net.layer3[0]
+    for module, scale in ((block.se.fc1, 1.0), (block.se.fc2, 1.0), (block.conv1, 2.0)):
+        w = module.weight.detach()
+        std = math.sqrt(scale / w[0].numel())
+        assert w.std().item() == pytest.approx(std, rel=0.05), module
+        assert w.abs().max().item() <= 2 * std / 0.87962566103423978 + 1e-6
+
+
+def test_tf1_resnext_grouped_convs_take_tfs_default_glorot_uniform() -> None:
+    """TF1 ResNeXt's grouped 3x3 filter is a tf.get_variable without an initializer (TF1/model/blocks/
+    conv2d_block.py:61-65): Glorot uniform, limit sqrt(6 / (fan_in + fan_out)) with fan_in = 9 x C/groups and
+    fan_out = 9 x C, about a sixth of the variance-scaling stddev the other convs get."""
+    torch.manual_seed(0)
+    net = build_network(compose_config(["model=resnext101_32x4d", "model.conv_init=tf1"]).model, num_classes=10)
+    conv = net.layer2[1].conv2  # 3x3, 256 channels in 32 groups
+    assert conv.groups == 32
+    w = conv.weight.detach()
+    limit = math.sqrt(6.0 / (9 * 256 // 32 + 9 * 256))
+    assert w.abs().max().item() <= limit and w.abs().max().item() > 0.99 * limit
+    assert w.std().item() == pytest.approx(limit / math.sqrt(3), rel=0.05)
+
+
 @pytest.mark.slow
 def test_stagewise_recipe_ramps_size_and_randaugment_in_equal_stages() -> None:
     """recipe=tf2_efficientnet_stagewise on a TF2 experiment: 4 stages of 500 // 4 epochs, sizes

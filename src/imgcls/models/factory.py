@@ -8,7 +8,9 @@ from typing import Any
 
 import timm
 import torch
+from timm.layers import SEModule
 from timm.layers.weight_init import trunc_normal_tf_, variance_scaling_
+from timm.models._efficientnet_blocks import SqueezeExcite
 from torch import nn
 
 from imgcls.choices import CONV_INIT_ALIASES, CONV_INITS, TF_INITS
@@ -17,6 +19,9 @@ from imgcls.models.squeeze_excitation import SE_RESNET_PREFIXES, se_kwargs
 from imgcls.models.weights import in_network_layout, load_state, read_state_dict
 
 log = logging.getLogger(__name__)
+
+# timm's SE blocks: ResNet-family `attn_layer="se"` and EfficientNet's (also imgcls's wide SE).
+SE_BLOCKS = (SEModule, SqueezeExcite)
 
 
 def build_network(cfg: Any, num_classes: int) -> nn.Module:
@@ -65,9 +70,10 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
     if conv_init not in CONV_INITS:
         raise ConfigError(f"model.conv_init={conv_init} is not allowed; use {', '.join(CONV_INITS)}")
     conv_init = CONV_INIT_ALIASES.get(conv_init, conv_init)
+    squeeze_excitation = {id(m) for block in net.modules() if isinstance(block, SE_BLOCKS) for m in block.modules()}
     for module in net.modules():
         if conv_init in TF_INITS and isinstance(module, (nn.Conv2d, nn.Linear)):
-            init_tensorflow(module, conv_init)
+            init_tensorflow(module, conv_init, in_squeeze_excitation=id(module) in squeeze_excitation)
         elif isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
             if module.bias is not None:
@@ -81,19 +87,27 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
                 module.zero_init_last()
 
 
-def init_tensorflow(module: nn.Conv2d | nn.Linear, scheme: str) -> None:
+def init_tensorflow(module: nn.Conv2d | nn.Linear, scheme: str, in_squeeze_excitation: bool = False) -> None:
     """TF's VarianceScaling initializers on one conv or dense layer (biases zero), through timm's helpers.
 
     tf1: TF1 ConvNets `variance_scaling_initializer(scale=2.0, distribution='truncated_normal', mode=fan_in)` for
-    conv and dense kernels (TF1/model/resnet.py). tf2: TF2 EfficientNet v1 convs VarianceScaling(2.0, 'normal',
+    conv and dense kernels (TF1/model/resnet.py:89-101), except the SE block's two dense layers: the bottleneck
+    calls squeeze_excitation_layer without an initializer (TF1/model/blocks/resnet_bottleneck_block.py:135-140),
+    whose default is `variance_scaling_initializer()`, scale 1.0, fan_in, truncated normal
+    (TF1/model/layers/squeeze_excitation_layer.py:32), and ResNeXt's grouped 3x3 convs: their filter is a
+    `tf.get_variable` without an initializer (TF1/model/blocks/conv2d_block.py:61-65), so TF's default, Glorot
+    uniform, with TF's fans of a [3, 3, C/groups, C] filter, which are torch's xavier_uniform_'s. tf2: TF2 EfficientNet v1 convs VarianceScaling(2.0, 'normal',
     fan_out), dense VarianceScaling(1/3, 'uniform', fan_out) (TF2/model/blocks/conv2d_block.py,
     efficientnet_model_v1.py). TF2's Keras maps 'normal' to 'truncated_normal': a normal cut at 2 stddev whose
     stddev is divided by 0.8796 (the stddev of a unit normal truncated to [-2, 2]) so the variance stays
     scale / fan. That truncated, corrected normal is what both schemes use here (timm's variance_scaling_).
     """
     weight = module.weight
-    if scheme == "tf1":
-        variance_scaling_(weight, scale=2.0, mode="fan_in", distribution="truncated_normal")
+    if scheme == "tf1" and isinstance(module, nn.Conv2d) and module.groups > 1:
+        nn.init.xavier_uniform_(weight)
+    elif scheme == "tf1":
+        scale = 1.0 if in_squeeze_excitation else 2.0
+        variance_scaling_(weight, scale=scale, mode="fan_in", distribution="truncated_normal")
     elif isinstance(module, nn.Conv2d):
         # Keras counts a depthwise kernel's fan_out as kh x kw x depth multiplier; torch's fan_out would be
         # kh x kw x channels. out x kh x kw / groups is Keras' count for plain, grouped and depthwise convs.
