@@ -90,17 +90,19 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
 def init_tensorflow(module: nn.Conv2d | nn.Linear, scheme: str, in_squeeze_excitation: bool = False) -> None:
     """TF's VarianceScaling initializers on one conv or dense layer (biases zero), through timm's helpers.
 
-    tf1: TF1 ConvNets `variance_scaling_initializer(scale=2.0, distribution='truncated_normal', mode=fan_in)` for
-    conv and dense kernels (TF1/model/resnet.py:89-101), except the SE block's two dense layers: the bottleneck
-    calls squeeze_excitation_layer without an initializer (TF1/model/blocks/resnet_bottleneck_block.py:135-140),
-    whose default is `variance_scaling_initializer()`, scale 1.0, fan_in, truncated normal
-    (TF1/model/layers/squeeze_excitation_layer.py:32), and ResNeXt's grouped 3x3 convs: their filter is a
-    `tf.get_variable` without an initializer (TF1/model/blocks/conv2d_block.py:61-65), so TF's default, Glorot
-    uniform, with TF's fans of a [3, 3, C/groups, C] filter, which are torch's xavier_uniform_'s. tf2: TF2 EfficientNet v1 convs VarianceScaling(2.0, 'normal',
-    fan_out), dense VarianceScaling(1/3, 'uniform', fan_out) (TF2/model/blocks/conv2d_block.py,
-    efficientnet_model_v1.py). TF2's Keras maps 'normal' to 'truncated_normal': a normal cut at 2 stddev whose
-    stddev is divided by 0.8796 (the stddev of a unit normal truncated to [-2, 2]) so the variance stays
-    scale / fan. That truncated, corrected normal is what both schemes use here (timm's variance_scaling_).
+    tf1: TF1 ConvNets `variance_scaling_initializer(scale=2.0, distribution='truncated_normal', mode=fan_in)`
+    for conv and dense kernels (TF1/model/resnet.py:89-101), except the SE block's two dense layers: the
+    bottleneck calls squeeze_excitation_layer without an initializer
+    (TF1/model/blocks/resnet_bottleneck_block.py:135-140), whose default is `variance_scaling_initializer()`,
+    scale 1.0, fan_in, truncated normal (TF1/model/layers/squeeze_excitation_layer.py:32), and ResNeXt's grouped
+    3x3 convs: their filter is a `tf.get_variable` without an initializer
+    (TF1/model/blocks/conv2d_block.py:61-65), so TF's default, Glorot uniform, with TF's fans of a [3, 3,
+    C/groups, C] filter, which are torch's xavier_uniform_'s. tf2: TF2 EfficientNet v1 convs
+    VarianceScaling(2.0, 'normal', fan_out), dense VarianceScaling(1/3, 'uniform', fan_out)
+    (TF2/model/blocks/conv2d_block.py, efficientnet_model_v1.py). TF2's Keras maps 'normal' to
+    'truncated_normal': a normal cut at 2 stddev whose stddev is divided by 0.8796 (the stddev of a unit normal
+    truncated to [-2, 2]) so the variance stays scale / fan. That truncated, corrected normal is what both
+    schemes use here (timm's variance_scaling_).
     """
     weight = module.weight
     if scheme == "tf1" and isinstance(module, nn.Conv2d) and module.groups > 1:
