@@ -139,6 +139,24 @@ def test_kaiming_conv_init(mode: str) -> None:
     assert conv.weight.std().item() == pytest.approx(expected, rel=0.05)
 
 
+@pytest.mark.parametrize("model", ["efficientnet_b0", "se_resnext101_32x4d"])
+def test_se_layers_and_classifier_take_pytorchs_default_init_as_nvidias_linears(model: str) -> None:
+    """NVIDIA's SE layers and classifiers are nn.Linear with PyTorch's default init (PYT/image_classification/
+    models/common.py:146-150): weights and biases uniform within 1/sqrt(fan_in). timm's SE 1x1 convs got Kaiming
+    normal with zero biases, EfficientNet's classifier timm's own uniform(1/sqrt(fan_out))."""
+    torch.manual_seed(0)
+    net = build_network(compose_config([f"model={model}"]).model, num_classes=1000)
+    se = [m for m in net.modules() if type(m).__name__ in ("SEModule", "SqueezeExcite")]
+    layers = [c for block in se[:3] for c in block.modules() if isinstance(c, torch.nn.Conv2d)]
+    assert len(layers) == 6
+    for layer in [*layers, net.get_classifier()]:
+        bound = 1 / layer.weight[0].numel() ** 0.5
+        for tensor in (layer.weight, layer.bias):
+            assert tensor.abs().max().item() <= bound, layer
+            assert tensor.numel() < 64 or tensor.abs().max().item() > 0.8 * bound, layer  # uniform, not zero
+        assert layer.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.1), layer
+
+
 def test_last_bn_zero_init_is_opt_in() -> None:
     default = build_network(model_cfg(), num_classes=10)
     assert torch.all(default.layer1[0].bn3.weight == 1)  # NVIDIA's default (timm would zero it)

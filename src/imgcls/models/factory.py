@@ -64,8 +64,11 @@ def se_width_of(arch: str, state: dict[str, torch.Tensor], source: str) -> int |
 def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bool = False) -> None:
     """Kaiming-normal convs (NVIDIA IC/models/common.py LayerBuilder.conv), BN gamma 1 / beta 0.
 
-    Linear layers keep PyTorch's default init, as in NVIDIA's code. timm zero-inits the last BN of
-    each residual block by default; NVIDIA does not (--last_bn_0_init False), so it is opt-in here.
+    Linear layers and the SE blocks' layers get PyTorch's default init, as in NVIDIA's code: its classifiers and
+    SE layers are `nn.Linear`s nothing initializes again (PYT/image_classification/models/common.py:146-150;
+    LayerBuilder initializes convs and BN only, :52-54, :116-119). timm's SE layers are 1x1 convs, whose default
+    init is Linear's; timm's own init (EfficientNet's classifier, its SE convs) is replaced. timm zero-inits the
+    last BN of each residual block by default; NVIDIA does not (--last_bn_0_init False), so it is opt-in here.
     """
     if conv_init not in CONV_INITS:
         raise ConfigError(f"model.conv_init={conv_init} is not allowed; use {', '.join(CONV_INITS)}")
@@ -74,6 +77,10 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
     for module in net.modules():
         if conv_init in TF_INITS and isinstance(module, (nn.Conv2d, nn.Linear)):
             init_tensorflow(module, conv_init, in_squeeze_excitation=id(module) in squeeze_excitation)
+        elif isinstance(module, (nn.Conv2d, nn.Linear)) and (
+            id(module) in squeeze_excitation or isinstance(module, nn.Linear)
+        ):
+            module.reset_parameters()
         elif isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
             if module.bias is not None:
