@@ -23,6 +23,7 @@ from tests.test_errors import InProcess
 # (override, what the one line must say). The first six are the issue's; the rest are their neighbours.
 BAD = [
     ("data.batch_size=abc", "data.batch_size=abc must be a positive integer"),
+    ("data.shard_cache=null", "data.shard_cache=null must be a folder path"),
     ("recipe.lr_per_256=-1", "recipe.lr_per_256=-1 must be a number > 0"),
     ("data.num_workers=-1", "data.num_workers=-1 must be an integer >= 0"),
     ("recipe.label_smoothing=1.5", "recipe.label_smoothing=1.5 must be a number in [0, 1)"),

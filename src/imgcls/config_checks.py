@@ -94,6 +94,11 @@ def anything(v: Any) -> str | None:  # checked where it is used (see the module 
     return None
 
 
+def folder(v: Any) -> str | None:
+    # A folder imgcls writes in: null would become a folder named "None" in the working directory.
+    return None if isinstance(v, str) and v.strip() else "a folder path"
+
+
 def numbers(
     length: int | None, low: float, high: float | None = None, ordered: bool = False, open_low: bool = False
 ) -> Check:
@@ -241,7 +246,7 @@ TRAIN: dict[str, Check] = {
     "data.format": choice("folder", "webdataset", "tfrecord"),
     "data.label_base": anything,  # data/shards names what is allowed (auto, 0, 1)
     "data.index_dir": anything,
-    "data.shard_cache": anything,
+    "data.shard_cache": folder,
     "data.batch_size": POSITIVE_OR_NULL,
     "data.val_batch_size": POSITIVE_OR_NULL,
     "data.train_images": POSITIVE_OR_NULL,
@@ -355,7 +360,7 @@ EVALUATE: dict[str, Check] = {
     "data.num_classes": POSITIVE_OR_NULL,
     "data.class_names": anything,  # data/shards/manifest.py names a bad list
     "data.index_dir": anything,
-    "data.shard_cache": anything,
+    "data.shard_cache": lambda v: None if v is None else folder(v),  # null: the checkpoint's, else the default
     "data.storage_options": anything,  # a mapping of fsspec's options, checked by fsspec
     "data.storage_options.*": anything,
     "batch_sizes": anything,  # bench/inference.py names the bad item
