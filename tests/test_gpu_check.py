@@ -15,6 +15,7 @@ import torch
 from imgcls.bench import gpu_check
 from imgcls.config_checks import check_config
 from imgcls.plan import resolve_plan
+from imgcls.published_throughput import THROUGHPUT
 from imgcls.trainer import check_trainer_args
 from tests.conftest import ROOT, compose_config, tiny_overrides
 
@@ -115,15 +116,16 @@ def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> N
 
 
 def test_published_numbers_are_nvidias() -> None:
-    """Each number next to ours is in NVIDIA's ResNet50 training-performance tables, on its GPU's row."""
+    """Each number next to ours is in NVIDIA's ResNet50 training-performance tables, on its GPU's row (the table
+    itself: test_plan_mode.py::test_throughput_table_is_nvidias)."""
     reference = (ROOT / "docs" / "reference" / "nvidia-training-performance.md").read_text()
     rows = re.findall(r"^\|\s+(1|8)\s+\|\s+(\d+) img/s\s+\|\s+(\d+) img/s", reference, flags=re.M)[:6]
     expected = []
     for key in ("dgxa100", "dgx1v", "dgx1v_32g"):
-        published = gpu_check.PUBLISHED[key]
-        full = published.get("tf32") or published["fp32"]
-        expected += [("1", str(full[0]), str(published["amp"][0])), ("8", str(full[1]), str(published["amp"][1]))]
-    assert rows == expected
+        full = THROUGHPUT.get(("resnet50", key, "tf32")) or THROUGHPUT[("resnet50", key, "fp32")]
+        amp = THROUGHPUT[("resnet50", key, "amp")]
+        expected += [("1", str(full[1]), str(amp[1])), ("8", str(full[8]), str(amp[8]))]
+    assert rows == expected and set(gpu_check.SOURCES) == {"dgxa100", "dgx1v", "dgx1v_32g"}
     assert gpu_check.hardware_for("NVIDIA A100-SXM4-80GB", 80) == "dgxa100"
     assert gpu_check.hardware_for("Tesla V100-SXM2-16GB", 16) == "dgx1v"
     assert gpu_check.hardware_for("Tesla V100-SXM2-32GB", 32) == "dgx1v_32g"

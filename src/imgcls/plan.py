@@ -25,6 +25,7 @@ from imgcls.config_checks import check_config
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
+from imgcls.published_throughput import scaled_hours
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
 
 
@@ -211,7 +212,30 @@ def describe(cfg: DictConfig) -> dict[str, Any]:
         )  # fmt: skip
     expected = cfg.get("expected")
     summary["expected"] = OmegaConf.to_container(expected, resolve=True) if expected else None
+    hours_here = _hours_here(cfg, plan)
+    if hours_here:
+        summary["expected_hours_here"] = hours_here
     return summary
+
+
+def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
+    """NVIDIA's training time of a published experiment scaled to the planned model, machine, precision and GPU
+    count by NVIDIA's throughput tables; None when the plan is the published run (or it has no time)."""
+    expected = cfg.get("expected") or {}
+    published, hours = expected.get("published_on"), expected.get("hours")
+    if not published or hours is None:
+        return None
+    origin = (str(published.model), str(published.hardware), str(published.precision), int(published.gpus))
+    planned = (str(cfg.model.name), str(cfg.hardware.name), str(cfg.precision.name), plan.world_size)
+    if planned == origin:
+        return None
+    scaled = scaled_hours(float(hours), origin, planned)
+    if scaled is None:
+        return f"no estimate: NVIDIA published no training throughput for {planned[0]} {planned[2]} on {planned[1]}"
+    return (
+        f"~{scaled:.1f} (an estimate: NVIDIA's {hours} h on {origin[3]}x {origin[1]} {origin[2]}, scaled by its "
+        f"published img/s for {planned[3]}x {planned[1]} {planned[2]}, imgcls/published_throughput.py)"
+    )
 
 
 def show(cfg: DictConfig) -> dict[str, Any]:

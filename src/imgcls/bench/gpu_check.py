@@ -30,14 +30,16 @@ from typing import Any
 
 import torch
 
+from imgcls.published_throughput import THROUGHPUT
+
 ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding train.py
 
-# NVIDIA DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md -> "Training performance"
-# (pytorch-21.03 NGC container), via nvidia-convnets.md Appendix A.2: img/s for (1 GPU, 8 GPUs).
-PUBLISHED = {
-    "dgxa100": {"amp": (2470, 16621), "tf32": (938, 7248), "source": "A.2 DGX A100 (8x A100 80GB)"},
-    "dgx1v": {"amp": (1200, 8322), "fp32": (367, 2855), "source": "A.2 DGX-1 16GB (8x V100 16GB)"},
-    "dgx1v_32g": {"amp": (1156, 8056), "fp32": (356, 2766), "source": "A.2 DGX-1 32GB (8x V100 32GB)"},
+# The ResNet50 v1.5 rows of NVIDIA's training throughput (imgcls/published_throughput.py) the rows compare with,
+# named by their table in docs/reference/nvidia-training-performance.md.
+SOURCES = {
+    "dgxa100": "A.2 DGX A100 (8x A100 80GB)",
+    "dgx1v": "A.2 DGX-1 16GB (8x V100 16GB)",
+    "dgx1v_32g": "A.2 DGX-1 32GB (8x V100 32GB)",
 }
 # Every path the acceptance covers (the list); plan() must produce each (the tests assert it).
 PATHS = (
@@ -50,7 +52,7 @@ PATHS = (
 class Check:
     path: str  # one of PATHS
     overrides: tuple[str, ...]
-    published: tuple[str, int] | None = None  # (precision key of PUBLISHED, GPU count)
+    published: tuple[str, int] | None = None  # (precision, GPU count) of NVIDIA's ResNet50 throughput
     needs_gpus: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -196,11 +198,11 @@ def execute(
             row.update(status="FAILED", note="precision=tf32 gives the same conv result as fp32 on an Ampere+ GPU")
     if check.published:
         precision, count = check.published
-        numbers = PUBLISHED.get(hardware, {}).get(precision)
-        if numbers and count in (1, 8):
-            row["published"] = numbers[0 if count == 1 else 1]
+        numbers = THROUGHPUT.get(("resnet50", hardware, precision), {})
+        if count in numbers:
+            row["published"] = numbers[count]
             fraction, basis = pass_mark(gpu_name, hardware)
-            note = f"NVIDIA {PUBLISHED[hardware]['source']}"
+            note = f"NVIDIA {SOURCES[hardware]}"
             if check.path == "resnet50_amp_benchmark" and row["status"] == "ok" and ips is not None:
                 ratio = float(ips) / row["published"]
                 note += f"; {ratio:.2f}x of it, pass mark {fraction:.2f}x ({basis})"
