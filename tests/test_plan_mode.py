@@ -38,6 +38,10 @@ def test_every_experiment_has_a_plan(experiment: str) -> None:
     assert plan["total_steps"] == plan["steps_per_epoch"] * plan["epochs"] and plan["warmup_steps"] > 0
     assert plan["lr"] > 0 and plan["weight_decay"] > 0
     assert plan["val_resize"] == plan["image_size"] + 32  # NVIDIA's eval protocol (data.val_crop_padding) in every run
+    published = cfg.expected.get("published_on")
+    if published is not None:  # the machine of `hours` is the experiment's own (a copy mode=plan keeps after overrides)
+        own = (plan["model"], plan["hardware"], plan["precision"], plan["world_size"])
+        assert (published.model, published.hardware, published.precision, published.gpus) == own
 
 
 def test_plan_counts_the_train_folder_when_no_count_is_given(image_folder: Path) -> None:

@@ -25,7 +25,7 @@ from imgcls.config_checks import check_config
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
-from imgcls.published_throughput import scaled_hours
+from imgcls.published_throughput import scaled_hours, throughput
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
 
 
@@ -231,7 +231,8 @@ def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
         return None
     scaled = scaled_hours(float(hours), origin, planned)
     if scaled is None:
-        return f"no estimate: NVIDIA published no training throughput for {planned[0]} {planned[2]} on {planned[1]}"
+        missing = planned if throughput(*planned) is None else origin
+        return f"no estimate: NVIDIA published no training throughput for {missing[0]} {missing[2]} on {missing[1]}"
     return (
         f"~{scaled:.1f} (an estimate: NVIDIA's {hours} h on {origin[3]}x {origin[1]} {origin[2]}, scaled by its "
         f"published img/s for {planned[3]}x {planned[1]} {planned[2]}, imgcls/published_throughput.py)"

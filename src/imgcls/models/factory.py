@@ -77,9 +77,7 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
     for module in net.modules():
         if conv_init in TF_INITS and isinstance(module, (nn.Conv2d, nn.Linear)):
             init_tensorflow(module, conv_init, in_squeeze_excitation=id(module) in squeeze_excitation)
-        elif isinstance(module, (nn.Conv2d, nn.Linear)) and (
-            id(module) in squeeze_excitation or isinstance(module, nn.Linear)
-        ):
+        elif isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and id(module) in squeeze_excitation):
             module.reset_parameters()
         elif isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
@@ -109,7 +107,7 @@ def init_tensorflow(module: nn.Conv2d | nn.Linear, scheme: str, in_squeeze_excit
     (TF2/model/blocks/conv2d_block.py, efficientnet_model_v1.py). TF2's Keras maps 'normal' to
     'truncated_normal': a normal cut at 2 stddev whose stddev is divided by 0.8796 (the stddev of a unit normal
     truncated to [-2, 2]) so the variance stays scale / fan. That truncated, corrected normal is what both
-    schemes use here (timm's variance_scaling_).
+    schemes use here (timm's variance_scaling_), TF1's grouped convs apart.
     """
     weight = module.weight
     if scheme == "tf1" and isinstance(module, nn.Conv2d) and module.groups > 1:
