@@ -263,6 +263,36 @@ def test_train_parts_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path)
         assert not parts[0] & parts[1] and len(parts[0] | parts[1]) == 24
 
 
+@pytest.mark.parametrize("resize", ["dali", "torch"])
+def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, resize: str
+) -> None:
+    """The trainer takes len(loader) batches and stops, without the StopIteration after them. The next epoch's
+    start ran out the old epoch with a for loop, whose iter() reset DALI's iterator into the reader's next epoch
+    and ran that out too: every epoch after the first decoded a whole epoch and threw it away. Now each epoch
+    takes its own batches only (the first epoch's extra one is the iterator's prefetched first batch)."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator
+
+    taken = [0]
+    for cls in (DALIGenericIterator, DALIRaggedIterator):
+        real = cls.__next__
+
+        def counted(self, real=real):
+            batch = real(self)
+            taken[0] += 1
+            return batch
+
+        monkeypatch.setattr(cls, "__next__", counted)
+    loader = make_backend(data_cfg(folder, f"data.dali_train_resize={resize}")).loader("train", 8, 0, 1, seed=0)
+    per_epoch = []
+    for _ in range(3):
+        batches = iter(loader)
+        for _ in range(len(loader)):  # as Lightning's fit loop: len() batches, no call after them
+            next(batches)
+        per_epoch.append(taken[0] - sum(per_epoch))
+    assert len(loader) == 3 and per_epoch[1:] == [3, 3], per_epoch  # 24 images / 8; before: [6, 6]
+
+
 def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> None:
     loader = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, seed=0)
     iterator = iter(loader)
@@ -387,11 +417,13 @@ def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
-    """DALI's loader keeps no position (docs/reliability.md): a run stopped mid-epoch (SIGTERM saves
-    last.ckpt at the next optimizer step) resumes at the saved step and finishes that epoch with the
-    remaining number of batches, drawn from a fresh pass over the rank's part. Step counts, the LR
-    schedule and the later epochs are the same as in an uninterrupted run."""
+def test_dali_run_stopped_mid_epoch_resumes_at_the_exact_batch(tmp_path: Path) -> None:
+    """A dali_cpu run stopped mid-epoch (SIGTERM saves last.ckpt at the next optimizer step) resumes at the saved
+    batch from DALI's reader checkpoint: the rest of the epoch is the same samples with the same augmentation, and
+    the final weights equal an uninterrupted run's, bitwise. Before, the DALI loader kept no position: the epoch's
+    rest was drawn from a fresh pass over the rank's part. With the torch resize, whose background thread takes
+    batches from DALI ahead of the trainer (the DALI resize at this size: the kill tests)."""
+    train_resize = "torch"
     import signal
     import time
 
@@ -400,13 +432,16 @@ def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     data = make_image_folder(tmp_path / "data", classes=3, train_per_class=16, val_per_class=2)
     args = tiny_overrides(
         data, "data.backend=dali_cpu", "recipe.epochs=2", "recipe.warmup_epochs=0",
-        "callbacks.checkpoint.every_n_train_steps=2",
+        "callbacks.checkpoint.every_n_train_steps=2", f"data.dali_train_resize={train_resize}",
     )  # fmt: skip  # 48 images / batch 8 = 6 steps per epoch
-    full = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'full'}")
+    full = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'full'}", f"data.trace_dir={tmp_path / 'tf'}")
     assert full.returncode == 0, full.stderr[-2000:]
 
     run_dir = tmp_path / "split"
-    proc = warm_python.start([ROOT / "train.py", *args, f"hydra.run.dir={run_dir}"], env={"WANDB_MODE": "offline"})
+    proc = warm_python.start(
+        [ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", f"data.trace_dir={tmp_path / 'ts'}"],
+        env={"WANDB_MODE": "offline"},
+    )
     last = run_dir / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -416,11 +451,20 @@ def test_mid_epoch_resume_semantics(tmp_path: Path) -> None:
     stopped = torch.load(last, map_location="cpu", weights_only=False)
     assert 0 < stopped["global_step"] < 6  # inside epoch 0
 
-    resumed = run_cli("train.py", *args, f"hydra.run.dir={run_dir}", "ckpt_path=last")
+    resumed = run_cli(
+        "train.py", *args, f"hydra.run.dir={run_dir}", "ckpt_path=last", f"data.trace_dir={tmp_path / 'ts'}"
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a, b = read_report(tmp_path / "full")["epochs"], read_report(run_dir)["epochs"]
     assert [(r["epoch"], r["step"]) for r in b] == [(r["epoch"], r["step"]) for r in a] == [(0, 6), (1, 12)]
-    assert [r["train.lr"] for r in b] == pytest.approx([r["train.lr"] for r in a])
+    ref = torch.load(tmp_path / "full" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    end = torch.load(last, map_location="cpu", weights_only=False)
+    for key, value in ref["state_dict"].items():
+        assert torch.equal(value, end["state_dict"][key]), key
+    # The reader read the same files in the same order, the stopped epoch's rest included.
+    for epoch in (0, 1):
+        name = f"train_rank0_epoch{epoch}.txt"
+        assert (tmp_path / "ts" / name).read_text() == (tmp_path / "tf" / name).read_text(), epoch
 
 
 # --- the torch resize in a background thread (data.dali_host_prefetch) ----------------------------------------

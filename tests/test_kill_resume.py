@@ -19,7 +19,7 @@ from tests.conftest import ROOT, make_image_folder, read_report, run_cli, tiny_o
 KILLS = 5  # kills 1 and 4 land while a checkpoint is being written
 
 
-def args(data: Path, run_dir: Path, *extra: str) -> list[str]:
+def run_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
     # 24 images / batch 8 = 3 steps per epoch, 4 epochs; last.ckpt every step (except an epoch's last batch,
     # whose checkpoint follows validation), so kills land mid-epoch and each resume makes a little progress.
     return [
@@ -57,8 +57,15 @@ def assert_same_final_weights(reference: Path, resumed: Path, steps: int) -> Non
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
+def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path: Path, backend: str) -> None:
+    """dali_cpu resumes from each rank's DALI reader checkpoint in last.ckpt (DaliLoader.position): mid-epoch at
+    the saved batch, and after an epoch's last step with the reader's next epoch."""
     data = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
+
+    def args(data: Path, run_dir: Path, *extra: str) -> list[str]:
+        return run_args(data, run_dir, f"data.backend={backend}", *extra)
+
     ref = run_cli("train.py", *args(data, tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr[-2000:]
 

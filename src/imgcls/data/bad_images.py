@@ -68,13 +68,14 @@ def collate_dropping_bad(samples: list[Any]) -> tuple[Any, ...]:
     return images, labels, bad
 
 
-def equal_step_counts(batches: Iterable[T | None], refill: bool) -> Iterator[T]:
+def equal_step_counts(batches: Iterable[T | None], refill: bool, owed: int = 0) -> Iterator[T]:
     """The usable batches of an epoch; `None` marks one that bad files left unusable (empty, or a single sample
     in training). On one process it is skipped. Under DDP (`refill`) every rank must take the same number of
     steps, or the others wait in the next collective for one that ended its epoch early: the next usable batch
     is yielded once more for each skipped one (at an epoch's end, the last one). That is the next batch, not an
-    earlier one, because a DALI batch's buffers may be refilled once the consumer has moved past it."""
-    owed, last = 0, None
+    earlier one, because a DALI batch's buffers may be refilled once the consumer has moved past it. `owed`: the
+    repeats already owed when the epoch was interrupted (a DALI loader resumed mid-epoch)."""
+    last = None
     for batch in batches:
         if batch is None:
             owed += refill

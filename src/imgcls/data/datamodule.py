@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
@@ -10,6 +11,9 @@ from imgcls.data.backends import make_backend
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.demo import ensure_demo_dataset
 from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
+from imgcls.distributed import gather_objects
+
+log = logging.getLogger(__name__)
 
 
 class ClassificationDataModule(L.LightningDataModule):
@@ -30,6 +34,7 @@ class ClassificationDataModule(L.LightningDataModule):
         self._loaders: dict[tuple, Any] = {}
         self._train_loader: Any = None
         self._resume: dict[str, Any] | None = None  # the train loader's position from a checkpoint
+        self._dali_resumed = False  # the DALI position was handed to a train loader
 
     def setup(self, stage: str) -> None:
         if self.schedule is not None and self.trainer is not None:
@@ -79,24 +84,50 @@ class ClassificationDataModule(L.LightningDataModule):
             options["image_size"] = self.schedule.size(epoch)
             if self.schedule.magnitude(epoch) is not None:
                 options["augment_magnitude"] = self.schedule.magnitude(epoch)
-        self._train_loader = self._loader("train", self.batch_size, **options)
-        if self._resume is not None and hasattr(self._train_loader, "load_state_dict"):
-            if self._epoch() > int(self._resume["epoch"]):
+        loader = self._train_loader = self._loader("train", self.batch_size, **options)
+        if self._resume is not None:
+            later = self._epoch() > int(self._resume["epoch"])
+            if "dali" in self._resume and not (later and self._dali_resumed):
+                # The first request may come before Lightning has restored the epoch counter: the position
+                # itself says whether its epoch had ended (DaliLoader.restore); restoring again is harmless.
+                self._restore_dali(loader, self._resume["dali"])
+            elif "train_loader" in self._resume and not later and hasattr(loader, "load_state_dict"):
+                loader.load_state_dict(self._resume["train_loader"])
+            if later:
                 self._resume = None  # a later epoch's loader (progressive resizing) starts fresh
-            else:
-                self._train_loader.load_state_dict(self._resume)
-        return self._train_loader
+        return loader
+
+    def _restore_dali(self, loader: Any, positions: list[dict[str, Any]]) -> None:
+        rank, world = self._rank_world()
+        self._dali_resumed = True
+        if len(positions) != world:
+            log.warning(
+                "resuming %d ranks from %d: the DALI readers start their epoch again instead of at the saved batch",
+                world, len(positions),
+            )  # fmt: skip
+            return
+        loader.restore(positions[rank])
 
     # Mid-epoch resume. The train loader is stateful (samplers.ResumableDataLoader), but Lightning 2.6 loads
     # a stateful loader's state only into a loader it creates after restoring the loops, and
     # `estimated_stepping_batches` (configure_optimizers) creates it before. A DataModule's state is
-    # restored before that, so the position travels here too (loading it twice is harmless).
+    # restored before that, so the position travels here too (loading it twice is harmless). A DALI loader's
+    # position differs per rank (each reads its own records): every rank's is gathered, and each takes its own.
     def state_dict(self) -> dict[str, Any]:
         loader = self._train_loader
-        return {"train_loader": loader.state_dict()} if hasattr(loader, "state_dict") else {}
+        if hasattr(loader, "position"):
+            steps = self.trainer.num_training_batches if self.trainer is not None else None
+            steps = int(steps) if isinstance(steps, int) else None
+            return {"dali": gather_objects(loader.position(steps)), "epoch": self._epoch()}
+        if hasattr(loader, "state_dict"):
+            state = loader.state_dict()
+            return {"train_loader": state, "epoch": state.get("epoch", self._epoch())}
+        return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume = state_dict.get("train_loader")
+        if "train_loader" in state_dict and "epoch" not in state_dict:  # saved before the DALI positions
+            state_dict = {**state_dict, "epoch": state_dict["train_loader"].get("epoch", 0)}
+        self._resume = dict(state_dict) if state_dict else None
 
     def val_dataloader(self) -> Any:
         if self.schedule is None:

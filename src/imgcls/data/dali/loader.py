@@ -9,7 +9,7 @@ import math
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +100,13 @@ class _Batch:
     read: torch.Tensor  # the keys of every sample the reader read, bad files included (data.trace_dir)
     bad: torch.Tensor  # the keys of the flagged samples (data.on_bad_image)
     result: tuple[torch.Tensor, ...] | None  # what the loader yields; None: nothing (all bad, or empty)
+    # Where it came from, for a resume at this batch (DaliLoader.position): the DALI checkpoint from which the
+    # pipeline makes this batch again (None: the pipeline does not checkpoint), the loader's epoch, the DALI
+    # batches taken before it in that epoch, and the repeats owed to it for unusable batches before it.
+    start: str | None = None
+    epoch: int = 0
+    consumed: int = 0
+    owed: int = 0
 
 
 # How long a batch of the torch resize stays intact: the invariant behind HostResize's ring of batch buffers
@@ -151,7 +158,12 @@ class DaliLoader:
         host_resize: HostResize | None = None,
         bad_images: BadImageLog | None = None,
         prefetch: int = 1,
+        rebuild: Callable[[str], Any] | None = None,
+        signature: tuple = (),
     ) -> None:
+        """`rebuild(checkpoint)`: the same pipeline, built with DALI reader checkpointing and restored from a
+        checkpoint of it (None: this loader cannot resume mid-epoch). `signature`: what the pipeline's graph
+        depends on; a position saved by a loader with another one is not restored (progressive resizing)."""
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
@@ -185,6 +197,12 @@ class DaliLoader:
         self._end = weakref.finalize(self, _release, pipe, self._worker)
         self._end.atexit = False
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
+        self.outputs = outputs
+        self.rank, self.world_size = rank, world_size
+        self._rebuild = rebuild
+        self.signature = list(signature)
+        self._position: dict[str, Any] = {}  # where the consumer is (position())
+        self._restored: dict[str, Any] | None = None  # a position restored, applied at the next iter()
         try:
             self._iterator = self._make_iterator(pipe, outputs, host_resize is not None)
         except BaseException:
@@ -231,10 +249,81 @@ class DaliLoader:
     def __len__(self) -> int:
         return self.length
 
-    def _finish_epoch(self) -> None:
-        # DALI cannot reset mid-epoch: run out the rest of an epoch that the consumer left early.
-        if self._consumed:
-            for _ in self._iterator:
+    # Mid-epoch resume with DALI's reader checkpointing. Before taking each batch from DALI, the loader takes
+    # the iterator's checkpoint (a few hundred bytes: the reader's place and every random generator's state;
+    # ~0.2 ms), so the position of the batch the consumer trained on last is exact even though the producer
+    # runs ahead of it. A resume rebuilds the pipeline from that checkpoint, makes that batch again and skips
+    # the yields of it already trained on. Hand-written: DALI's iterator checkpoints what it has taken, which
+    # with a prefetching producer is ahead of what the consumer has used.
+    def position(self, steps_per_epoch: int | None = None) -> dict[str, Any]:
+        """This rank's place in its epochs, for restore(): {} before the first batch or when the pipeline does
+        not checkpoint. `steps_per_epoch`: the steps the trainer takes from an epoch (trainer.limit_train_batches
+        can make them fewer than len()); a position at the last of them, or at the end of the epoch, is the
+        epoch's end, and a restore continues with the next epoch."""
+        if not self._position:
+            return {}
+        limit = min(self.length, steps_per_epoch or self.length)
+        done = self._position["done"] or self._position["steps"] >= limit
+        return {**self._position, "done": done}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Continue from `position` (another process's position() of the same loader): at the next iter(), the
+        rest of its epoch, or the next epoch when it was the epoch's end. Ignored when empty, saved by a loader of
+        another signature, or when this loader cannot checkpoint; done again before iterating, nothing changes."""
+        if not position or self._rebuild is None or list(position.get("signature", ())) != self.signature:
+            return
+        if position == self._restored:
+            return
+        self._restart_pipeline(position["start"])
+        self.epoch, self._consumed = int(position["epoch"]), int(position["consumed"])
+        self._restored = self._position = dict(position)
+
+    # Lightning resumes a loader with these ("stateful"), loading rank 0's state into every rank; the ranks' DALI
+    # readers are at different places, so the DataModule carries every rank's position() instead. These tell
+    # Lightning that this loader is resumed (no "not resumable" warning) without a second copy of the state.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def _restart_pipeline(self, checkpoint: str) -> None:
+        """Replace the pipeline with one rebuilt from a DALI checkpoint."""
+        if self._stop is not None:
+            self._stop.set()  # a producer of an earlier iterator returns before the worker runs the shutdown
+        old = self._end.detach()
+        if old is not None:
+            stop_old = functools.partial(shut_down, old[2][0])
+            self._worker.call(stop_old) if self._worker is not None else stop_old()
+        pipe = self._rebuild(checkpoint)  # type: ignore[misc]
+        self._end = weakref.finalize(self, _release, pipe, self._worker)
+        self._end.atexit = False
+        try:
+            self._iterator = self._make_iterator(pipe, self.outputs, self.host_resize is not None)
+        except BaseException:
+            self._end()
+            raise
+
+    def _taken(self) -> Iterator[tuple[str | None, int, Any]]:
+        """The rest of the reader's epoch: (checkpoint before the batch, DALI batches taken before it, batch)."""
+        checkpointing = self._rebuild is not None
+        while True:
+            start = self._iterator.checkpoints()[0] if checkpointing else None
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                return
+            self._consumed += 1
+            yield start, self._consumed - 1, batch
+
+    def _finish_epoch(self, restored_end: bool = False) -> None:
+        # DALI cannot reset mid-epoch: run out the rest of an epoch that the consumer left early, or that a
+        # restored position had ended (its last batch is made again). With next(), not a for loop: iter() on
+        # DALI's iterator resets it when it has given batches, and a reset at the end of an epoch that has not
+        # raised StopIteration yet (the trainer stops at len(), the usual case) starts the next epoch, which the
+        # loop then ran out too: a whole epoch decoded and thrown away at every epoch's start.
+        if self._consumed or restored_end:
+            for _ in self._taken():
                 pass
             self._iterator.reset()
             self._consumed = 0
@@ -280,16 +369,20 @@ class DaliLoader:
             result = (*result, out["crop_shape"].clone())
         return _Batch(read, bad, result)
 
-    def _results(self, worker: Any, trace: Any) -> Iterator[tuple[torch.Tensor, ...] | None]:
-        """The epoch's batches; None for one that bad files left unusable (an empty PARTIAL end is no batch)."""
+    def _results(self, worker: Any, trace: Any, owed: int, retraced: bool) -> Iterator[_Batch | None]:
+        """The epoch's usable batches; None for one that bad files left unusable (an empty PARTIAL end is no
+        batch). `owed`, `retraced`: a resumed epoch's repeats owed, and whether its first batch is in the trace."""
         for batch in self._background_epoch(worker) if worker is not None else self._epoch():
-            if trace is not None:  # what the reader read, bad files included
+            if trace is not None and not retraced:  # what the reader read, bad files included
                 trace.write(" ".join(self.files.trace_tokens(batch.read)) + "\n")
+            retraced = False
             if batch.bad.numel():
                 self._record_bad(batch.bad)
             if batch.result is not None:
-                yield batch.result
+                batch.owed, owed = owed, 0
+                yield batch
             elif batch.bad.numel():
+                owed += self.refill
                 yield None
 
     def _wanted(self) -> bool:
@@ -297,12 +390,16 @@ class DaliLoader:
         records past the smallest part's full batches, read only to end the reader's epoch)."""
         return not self.drop_last or self._consumed <= self.length
 
+    def _made(self, start: str | None, consumed: int, batch: Any) -> _Batch:
+        made = self._prepare(batch[0])
+        made.start, made.epoch, made.consumed = start, self.epoch, consumed
+        return made
+
     def _epoch(self) -> Iterator[_Batch]:
         """This epoch's batches, made in the consumer's thread."""
-        for batch in self._iterator:
-            self._consumed += 1
+        for start, consumed, batch in self._taken():
             if self._wanted():
-                yield self._prepare(batch[0])
+                yield self._made(start, consumed, batch)
         self._iterator.reset()
         self._consumed = 0
         self.epoch += 1
@@ -320,9 +417,8 @@ class DaliLoader:
             return False  # the consumer left: the rest of the epoch is run out by the next _finish_epoch
 
         try:
-            for batch in self._iterator:
-                self._consumed += 1
-                if self._wanted() and not put(("batch", self._prepare(batch[0]))):
+            for start, consumed, batch in self._taken():
+                if self._wanted() and not put(("batch", self._made(start, consumed, batch))):
                     return
             self._iterator.reset()
             self._consumed = 0
@@ -358,18 +454,42 @@ class DaliLoader:
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
         worker = self._worker
+        restored, self._restored = self._restored, None
+        resumed = restored is not None and not restored["done"]  # inside its epoch: skip what was trained on
+        finish = functools.partial(self._finish_epoch, restored is not None and restored["done"])
+        if resumed:
+            finish = lambda: None  # noqa: E731 - the restored pipeline is where the epoch goes on
         if worker is not None:
             if self._stop is not None:
                 self._stop.set()  # an earlier iterator's producer, left mid-epoch and not closed
-            worker.call(self._finish_epoch)  # after that producer has returned: one task at a time
+            worker.call(finish)  # after that producer has returned: one task at a time
         else:
-            self._finish_epoch()
+            finish()
+        skip = int(restored["yielded"]) if resumed else 0
+        owed = int(restored["owed"]) if resumed else 0
+        steps = int(restored["steps"]) - skip if resumed else 0
         trace = None
         if self.trace is not None:
             self.trace.parent.mkdir(parents=True, exist_ok=True)
-            trace = open(f"{self.trace}_epoch{self.epoch}.txt", "w")  # noqa: SIM115 - closed below
+            trace = open(f"{self.trace}_epoch{self.epoch}.txt", "a" if resumed else "w")  # noqa: SIM115 - closed below
         try:
-            yield from equal_step_counts(self._results(worker, trace), self.refill)
+            previous, yielded = None, 0
+            for batch in equal_step_counts(self._results(worker, trace, owed, resumed), self.refill, owed):
+                yielded = yielded + 1 if batch is previous else 1
+                previous = batch
+                steps += 1
+                if skip:
+                    skip -= 1
+                    continue
+                self._position = {
+                    "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
+                    "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
+                }  # fmt: skip
+                if batch.start is None:
+                    self._position = {}
+                yield batch.result  # type: ignore[misc]
+            if self._position:
+                self._position = {**self._position, "done": True}
         finally:
             if self._stop is not None:  # the consumer raised (e.g. data.on_bad_image=error) or left early
                 self._stop.set()
