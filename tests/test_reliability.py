@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import resource
 import signal
@@ -289,6 +290,44 @@ def test_submitit_sigusr2_in_a_single_task_job_saves_requeues_and_the_requeued_j
     assert "Restoring states from the checkpoint path at" in again.stdout + again.stderr
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == saved_step + 2
+
+
+@pytest.mark.slow
+def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Path, tmp_path: Path) -> None:
+    """The real Hydra submitit launcher and submitit's local executor (its controller process and the task it
+    starts, with submitit's own SIGUSR2 handler installed before imgcls runs): SIGUSR2, the signal its controller
+    sends before a timeout, saves last.ckpt at a step boundary and ends the task with submitit's requeue code;
+    the controller starts the task again, which resumes from the checkpoint in the same sweep dir and finishes,
+    and the sweep ends with 0. Before, the task exited 140 and the launcher died with submitit's
+    UncompletedJobError ("has not produced any output"); a requeued task would have started from scratch."""
+    sweep = tmp_path / "sweep"
+    argv = [
+        sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
+        "hydra.launcher.timeout_min=10",
+        *tiny_overrides(data, "recipe.epochs=6", "callbacks.checkpoint.every_n_train_steps=1", "logger=csv"),
+    ]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    launcher = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_file(sweep / "0" / "checkpoints" / "last.ckpt", launcher)
+    # Named for the job id, the pid of submitit's controller (beside the unexpanded "%j" it creates first).
+    (folder,) = [f for f in (sweep / ".submitit").iterdir() if f.name.isdigit()]
+    controller = int(folder.name)
+    (task,) = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+    os.kill(int(task), signal.SIGUSR2)
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err[-3000:]
+    log = (folder / f"{controller}_0_log.out").read_text()
+    assert "received signal 12: saving" in log and "Restoring states from the checkpoint path at" in log, log[-3000:]
+    hpc = sweep / "0" / "hpc_ckpt_1.ckpt"
+    assert f"Restoring states from the checkpoint path at {hpc}" in log
+    saved = torch.load(hpc, map_location="cpu", weights_only=False)["global_step"]
+    last = torch.load(sweep / "0" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert 0 < saved < last["global_step"] == 6 * 3  # 24 images / batch 8 = 3 steps an epoch
+    rows = json.loads((sweep / "0" / "report.json").read_text())["epochs"]
+    # Every epoch once, the last one at the last step (the row of an epoch whose last step was the saved one is
+    # missing: Lightning resumes a checkpoint of an epoch's last step after its validation, see docs/reliability.md).
+    epochs = [r["epoch"] for r in rows]
+    assert epochs == sorted(set(epochs)) and len(epochs) >= 5 and rows[-1]["epoch"] == 5 and rows[-1]["step"] == 18
 
 
 @pytest.mark.slow

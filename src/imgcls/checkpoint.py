@@ -131,6 +131,17 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: str | Path) -> str | None:
     return str(ckpt_path)
 
 
+def requeued_checkpoint(run_dir: str | Path) -> str | None:
+    """The newest RUN_DIR/hpc_ckpt_N.ckpt: the checkpoint Preemption linked before the job was requeued (Lightning's
+    name, which its SLURM resume looks for), or None."""
+    numbered = []
+    for path in Path(run_dir).glob("hpc_ckpt_*.ckpt"):
+        number = path.stem.removeprefix("hpc_ckpt_")
+        if number.isdigit():
+            numbered.append((int(number), path))
+    return str(max(numbered)[1]) if numbered else None
+
+
 def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:
     """Refuse, in one line, a checkpoint of another architecture or class list before Lightning
     fails deep inside load_state_dict."""

@@ -8,8 +8,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.order import training_callbacks
-from imgcls.callbacks.preemption import preemption_signals
-from imgcls.checkpoint import check_resumable, check_writable, resolve_ckpt_path
+from imgcls.callbacks.preemption import preemption_signals, requeue_by
+from imgcls.checkpoint import check_resumable, check_writable, requeued_checkpoint, resolve_ckpt_path
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.loggers import build_loggers, close_loggers
@@ -41,6 +41,10 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     # 3. Run dir: ours to write in, and the checkpoint to resume from, if any.
     run_dir = Path(cfg.run_dir)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    if ckpt_path is None and requeue_by() == "submitit_local":
+        # A task that submitit's local executor started again after a preemption: Lightning resumes a requeued
+        # SLURM job from its hpc_ckpt_N.ckpt by itself (SLURMEnvironment), and nothing does it here.
+        ckpt_path = requeued_checkpoint(run_dir)
     check_run_files_are_ours(run_dir)
     check_writable(run_dir)
 

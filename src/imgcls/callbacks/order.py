@@ -13,13 +13,12 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar, TQDMProgressBar
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
 from imgcls.callbacks.bad_image_report import BadImageReport
 from imgcls.callbacks.epoch_log import EpochLog
 from imgcls.callbacks.finite_loss import FiniteLoss
-from imgcls.callbacks.preemption import Preemption
+from imgcls.callbacks.preemption import Preemption, requeue_by
 from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.checkpoint import checkpoint_callbacks, last_path
@@ -44,7 +43,7 @@ def training_callbacks(
         # report: logs the row it has just made
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
-        Preemption(last, slurm_requeue=SLURMEnvironment.detect()),  # saves last.ckpt at a step boundary
+        Preemption(last, requeue=requeue_by()),  # saves last.ckpt at a step boundary
         *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir, validates),  # after the report: rows in ckpt
         *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
     ]

@@ -1,6 +1,7 @@
 """Preemption: SIGTERM, SIGUSR1 and SIGUSR2 save last.ckpt at an optimizer-step boundary, the same step on
 every rank, and exit with 128 + the signal number; under SLURM, SIGUSR1 and SIGUSR2 (submitit's preemption
-signal) also requeue the job.
+signal) also requeue the job, and under submitit's local executor (hydra/launcher=submitit_local) they end the
+task with the exit code that makes submitit's controller start it again (requeue_by).
 
 The handlers only set a flag, and they are imgcls's for the whole run (`preemption_signals()`, around
 imgcls.train.run: setup, the DALI build, teardown too), not only inside fit's training loop. Lightning's own
@@ -37,10 +38,33 @@ log = logging.getLogger(__name__)
 
 
 class Preempted(SIGTERMException):
-    """Raised after the checkpoint was saved on a signal; the process exits with 128 + signum (143 for SIGTERM)."""
+    """Raised after the checkpoint was saved on a signal; the process exits with 128 + signum (143 for SIGTERM),
+    or with `exit_code` (submitit's local requeue)."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
+    def __init__(self, signum: int, exit_code: int | None = None) -> None:
+        super().__init__(128 + signum if exit_code is None else exit_code)
+
+
+# The signals a cluster launcher sends before it stops a job that can be requeued: SLURM's `--signal` (USR1) and
+# submitit's (USR2; SUBMITIT_PREEMPT_SIGNAL may name another, which is then not one of these).
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def requeue_by(env: dict[str, str] | None = None) -> str | None:
+    """Who requeues this job on a REQUEUE_SIGNALS signal: "slurm" (scontrol requeue), "submitit_local" (submitit's
+    local executor restarts a task that exits with its LOCAL_REQUEUE_RETURN_CODE), or None."""
+    env = dict(os.environ) if env is None else env
+    if SLURMEnvironment.detect():
+        return "slurm"
+    if env.get("SUBMITIT_LOCAL_JOB_ID"):
+        return "submitit_local"
+    return None
+
+
+def submitit_local_requeue_code() -> int:
+    from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # present wherever its executor runs this
+
+    return int(LOCAL_REQUEUE_RETURN_CODE)
 
 
 def slurm_job_id() -> str:
@@ -73,9 +97,10 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     for launcher in _launchers:  # Lightning's SIGTERM handler did this too: ranks >= 1 would wait for rank 0
         if hasattr(launcher, "kill"):
             launcher.kill(signum)
-    if SLURMEnvironment.detect() and signum in (signal.SIGUSR1, signal.SIGUSR2) and is_rank_zero():
+    requeue = requeue_by() if signum in REQUEUE_SIGNALS else None
+    if requeue == "slurm" and is_rank_zero():
         requeue_slurm_job()
-    raise Preempted(signum)
+    raise Preempted(signum, submitit_local_requeue_code() if requeue == "submitit_local" else None)
 
 
 def requeue_slurm_job() -> None:
@@ -124,16 +149,17 @@ class Preemption(L.Callback):
     Single process: the flag is read at every optimizer step (a Python list, no sync). Under DDP one
     rank's signal must stop all ranks at the same step, which takes an all-reduce; it runs every
     `every_n_steps` optimizer steps (at the same steps on every rank), so a signal is acted on within
-    that many steps. Under SLURM (`slurm_requeue`), SIGUSR1 and SIGUSR2 additionally link the checkpoint as
-    Lightning's hpc_ckpt_N.ckpt (what a requeued run with ckpt_path=null resumes from) and rank 0 runs
-    `scontrol requeue`. Before training has started and after it has ended there is no step to save: the
-    handler (`_handle`) stops the process at once."""
+    that many steps. When the job can be requeued (`requeue`: requeue_by()), SIGUSR1 and SIGUSR2 additionally link
+    the checkpoint as Lightning's hpc_ckpt_N.ckpt (what a requeued run with ckpt_path=null resumes from) and, under
+    SLURM, rank 0 runs `scontrol requeue`; under submitit's local executor every rank exits with the code that
+    makes its controller start the task again. Before training has started and after it has ended there is no
+    step to save: the handler (`_handle`) stops the process at once."""
 
     def __init__(
-        self, last_path: str | Path, slurm_requeue: bool = False, every_n_steps: int = SYNC_EVERY_N_STEPS
+        self, last_path: str | Path, requeue: str | None = None, every_n_steps: int = SYNC_EVERY_N_STEPS
     ) -> None:
         self.last_path = Path(last_path)
-        self.slurm_requeue = slurm_requeue
+        self.requeue = requeue
         self.every_n_steps = every_n_steps
         self._step = -1
 
@@ -165,8 +191,10 @@ class Preemption(L.Callback):
         signum = max(gather_objects(received_signal() or 0)) or signal.SIGTERM
         log.warning("received signal %d: saving %s at step %d and exiting", signum, self.last_path, trainer.global_step)
         trainer.save_checkpoint(self.last_path)
-        if self.slurm_requeue and signum in (signal.SIGUSR1, signal.SIGUSR2):
+        if self.requeue is not None and signum in REQUEUE_SIGNALS:
             self._requeue(trainer)
+            if self.requeue == "submitit_local":
+                raise Preempted(signum, submitit_local_requeue_code())
         raise Preempted(signum)
 
     def _requeue(self, trainer: L.Trainer) -> None:
@@ -176,6 +204,7 @@ class Preemption(L.Callback):
                 os.link(self.last_path, hpc)
             except OSError:  # a filesystem without hard links
                 shutil.copyfile(self.last_path, hpc)
-            requeue_slurm_job()
+            if self.requeue == "slurm":
+                requeue_slurm_job()
             log.warning("the requeued job resumes from %s", hpc)
         trainer.strategy.barrier("imgcls_requeue")
