@@ -13,7 +13,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from imgcls.data.backends import make_backend
-from imgcls.data.dali.file_list import FileList
+from imgcls.data.file_list import FileList
 from imgcls.errors import ConfigError
 from tests import warm_python
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, sample_photos, tiny_overrides

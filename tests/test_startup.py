@@ -22,8 +22,8 @@ pytest.importorskip("nvidia.dali")
 def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every structural check of a file (image_scan.scan_file / scan_bytes), wherever it is imported: before
     training or as DALI reads it."""
-    from imgcls.data import image_scan
-    from imgcls.data.dali import file_list, pipelines, records
+    from imgcls.data import file_list, image_scan
+    from imgcls.data.dali import pipelines, records
 
     calls: list[str] = []
     checks = (
@@ -65,7 +65,7 @@ def test_dali_start_opens_only_the_files_of_its_first_batches(
 
 def test_file_list_is_imagefolders(tmp_path: Path) -> None:
     """The compact file list walks the folders as torchvision's make_dataset: same files, order, classes."""
-    from imgcls.data.dali.file_list import FileList
+    from imgcls.data.file_list import FileList
 
     root = make_image_folder(tmp_path / "data", classes=3, train_per_class=3, val_per_class=1)
     (root / "train" / "class_1" / "nested" / "deeper").mkdir(parents=True)
@@ -219,7 +219,7 @@ def test_file_list_keeps_its_names_compressed(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from imgcls.data.dali.file_list import FileList
+    from imgcls.data.file_list import FileList
 
     classes = [f"n{c:08d}" for c in range(3)]
     for c in classes:
@@ -325,7 +325,7 @@ import json, sys
 import torch.distributed as dist
 sys.path.insert(0, {repo!r})
 from imgcls.data.backends import make_backend
-from imgcls.data.dali.file_list import FileList
+from imgcls.data.file_list import FileList
 from imgcls.errors import DataError
 from tests.conftest import compose_config, tiny_overrides
 
@@ -337,11 +337,12 @@ def counting(self, split_root, classes):
 FileList.__init__ = counting
 
 dist.init_process_group("gloo")
-backend = make_backend(compose_config(tiny_overrides({root!r}, "data.backend=dali_cpu")).data)
-files = backend.files("train")
+backend = make_backend(compose_config(tiny_overrides({root!r}, "data.backend={backend}")).data)
+split_files = backend.files if {backend!r} != "torchvision" else lambda split: backend.dataset(split).files
+files = split_files("train")
 row = {{"paths": [files.path(i) for i in range(len(files))], "targets": files.targets.tolist()}}
 try:
-    backend.files("val")
+    split_files("val")
 except DataError as exc:
     row["val"] = str(exc)
 row["walks"] = walks
@@ -351,11 +352,13 @@ with open(sys.argv[1], "w") as out:
 
 
 @pytest.mark.slow
-def test_one_rank_lists_the_folder_and_the_others_receive_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["dali_cpu", "torchvision"])
+def test_one_rank_lists_the_folder_and_the_others_receive_it(tmp_path: Path, backend: str) -> None:
     """Under DDP only rank 0 walks a split's tree (1.33M entries on ImageNet: every rank walking it multiplied the
     load on shared storage and the start time); the others receive its list, the same files and labels as a walk
-    of their own. A failure of the walk reaches every rank as the same one-line error instead of a hang."""
-    from imgcls.data.dali.file_list import FileList
+    of their own. A failure of the walk reaches every rank as the same one-line error instead of a hang.
+    torchvision: its dataset reads the received list (before, every rank's ImageFolder walked the tree)."""
+    from imgcls.data.file_list import FileList
     from tests import warm_python
     from tests.conftest import ROOT, clean_env, free_port
 
@@ -363,7 +366,7 @@ def test_one_rank_lists_the_folder_and_the_others_receive_it(tmp_path: Path) -> 
     for image in (root / "val" / "class_1").iterdir():  # a val class folder without images: the walk's error
         image.unlink()
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(repo=str(ROOT), root=str(root)))
+    script.write_text(RANK_SCRIPT.format(repo=str(ROOT), root=str(root), backend=backend))
     env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     procs = [warm_python.start([script, tmp_path / f"rank{r}.json"], {"RANK": str(r)}, base_env=env) for r in (0, 1)]
     for proc in procs:

@@ -118,7 +118,7 @@ def run(argv: list[str]) -> None:
         import nvidia.dali.plugin.pytorch  # noqa: F401 - what the backend imports
 
         from imgcls.data.dali import backend as dali
-        from imgcls.data.dali.file_list import FileList
+        from imgcls.data.file_list import FileList
 
         _after(FileList, "__init__", probe, lambda files: f"file list ({len(files)} files)")
         _after(dali.DaliBackend, "loader", probe, "loader built (DALI ran its first batch)")

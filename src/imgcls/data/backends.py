@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
+from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.samplers import RankSampler, ResumableDataLoader
@@ -22,6 +23,7 @@ from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
 from imgcls.data.synthetic import SyntheticImages
 from imgcls.data.transforms import train_transform, val_transform
+from imgcls.distributed import made_once
 from imgcls.errors import ConfigError, DataError
 
 
@@ -34,6 +36,7 @@ class TorchvisionBackend:
         self.cfg = cfg
         self.classes = self._classes()
         self._datasets: dict[str, Any] = {}
+        self._files: dict[str, FileList] = {}
         self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
 
     def _classes(self) -> list[str]:
@@ -42,7 +45,12 @@ class TorchvisionBackend:
         return classes
 
     def _make_dataset(self, split: str, transform: Callable) -> Any:
-        return CheckedImageFolder(str(split_dir(self.cfg.root, split)), transform=transform)
+        root = split_dir(self.cfg.root, split)
+        if split not in self._files:
+            # One rank walks the tree (1.33M entries on ImageNet, seconds to minutes on network storage) and sends
+            # the compact list (~4 MB) to the others, which would each walk it again (DALI: dali/backend.py).
+            self._files[split] = made_once(lambda: FileList(root, self.classes))
+        return CheckedImageFolder(str(root), transform=transform, files=self._files[split])
 
     def _sampler(self, dataset: Any, split: str, batch_size: int, rank: int, world_size: int, seed: int) -> RankSampler:
         training = split == "train"

@@ -41,11 +41,11 @@ import torch
 from imgcls.data.augment import parse_randaugment
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.dali.batch_ring import BatchRing
-from imgcls.data.dali.file_list import FileList
 from imgcls.data.dali.host_resize import HostResize, resize_on_host
 from imgcls.data.dali.loader import Catalog, DaliLoader, reader_error, ring_slots
 from imgcls.data.dali.pipelines import FolderSource, ShardSource, interp_type, train_pipeline, val_pipeline
 from imgcls.data.dali.records import ShardCatalog, shuffle_fill
+from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.remote import local_copies

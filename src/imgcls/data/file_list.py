@@ -1,7 +1,9 @@
-"""A split's files for DALI's reader: ImageFolder's order and labels, held compactly, written as a file_list."""
+"""A split's files in ImageFolder's order and labels, held compactly: the torchvision dataset's samples and DALI's
+file_list, listed by one rank under DDP (distributed.made_once)."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import zlib
 from pathlib import Path
@@ -30,6 +32,7 @@ class FileList:
 
     def __init__(self, split_root: Path, classes: list[str]) -> None:
         self.root = str(split_root)
+        self.classes = list(classes)
         root = os.fsencode(self.root)
         suffixes = tuple(os.fsencode(e) for e in IMG_EXTENSIONS)
         self._blocks: list[bytes] = []
@@ -54,6 +57,7 @@ class FileList:
             self._blocks.append(zlib.compress(b"\0".join(pending), 1))
         self._newline = newline
         self._class_ends = torch.tensor(np.cumsum(counts), dtype=torch.int64)  # one past each class's last file
+        self._class_ends_list = self._class_ends.tolist()  # for one label at a time without torch (label)
 
     def __len__(self) -> int:
         return int(self._class_ends[-1])
@@ -61,6 +65,12 @@ class FileList:
     def labels(self, indices: torch.Tensor) -> torch.Tensor:
         """The classes (int64) of the sample indices."""
         return torch.searchsorted(self._class_ends, indices, right=True)
+
+    def label(self, index: int) -> int:
+        """The class of one sample index (a binary search over the class boundaries)."""
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return bisect.bisect_right(self._class_ends_list, index)
 
     @property
     def targets(self) -> torch.Tensor:
