@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,10 +120,42 @@ def test_benchmark_builds_its_tree_in_its_own_folder_and_times_both_starts(
     assert [(r["backend"], r["start"]) for r in rows] == [("dali_cpu", "first"), ("dali_cpu", "resumed")]
     for row in rows:
         assert 0 < row["first_step_s"] <= row["exit_s"] and row["peak_rss_mib"] > 100
+        assert len(row["peak_each_rank_mib"]) == 1
     assert "| dali_cpu | resumed |" in printed
     # The resumed start continued the first one's run: its checkpoint is from step 2.
     ckpt = torch.load(bench / "runs" / "dali_cpu" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 2
+
+
+RANK_TREE = """
+import os, subprocess, sys, time
+if sys.argv[1] == "rank0":  # as Lightning's launcher: rank 1 is a new process with another command line
+    subprocess.Popen([sys.executable, __file__, "rank1"])
+if os.fork() == 0:  # a loader worker: forked, its parent's command line
+    time.sleep(30)
+    os._exit(0)
+time.sleep(30)
+"""
+
+
+def test_startup_benchmark_tells_ranks_from_their_loader_workers(tmp_path: Path) -> None:
+    """--devices 2: the memory per rank is a rank's process plus its forked workers, where a rank started by
+    Lightning's launcher is a process whose command line differs from its parent's."""
+    script = tmp_path / "tree.py"
+    script.write_text(RANK_TREE)
+    root = subprocess.Popen([sys.executable, str(script), "rank0"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(startup._tree_pids(root.pid)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = startup._tree_pids(root.pid)
+        assert len(pids) == 4  # rank 0, its worker, rank 1, its worker
+        ranks = startup._ranks_memory_kib(pids)
+        assert len(ranks) == 2 and min(ranks) > 1000, ranks  # each: a Python's RSS plus a worker's private pages
+    finally:
+        for pid in reversed(startup._tree_pids(root.pid)):
+            os.kill(pid, signal.SIGKILL)
+        root.wait()
 
 
 def test_benchmark_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

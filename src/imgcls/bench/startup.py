@@ -19,6 +19,10 @@ a small image size, one optimizer step, no validation) as a subprocess, and resu
   DataLoader workers' private memory (USS: Private_Clean + Private_Dirty of /proc/PID/smaps_rollup). The
   workers are forked, so the pages they share with the main process count once; unlike PSS, it does not
   depend on other processes of the machine mapping the same libraries.
+- `--devices N`: N DDP ranks on gloo (Lightning starts ranks 1.. as new processes of train.py; a process whose
+  command line differs from its parent's is a rank, one with its parent's command line a forked loader worker).
+  The peak memory is then per rank (the largest over ranks, and each rank's in the JSON rows); the time to
+  first step is rank 0's, which the first step's all-reduce keeps level with every other rank's.
 
 The load average is printed with the table: other processes on the machine slow every row.
 """
@@ -133,7 +137,8 @@ def train_overrides(tree: Path, backend: str, run_dir: Path, args: argparse.Name
         f"data.backend={backend}",
         f"data.num_workers={args.workers}",
         f"data.batch_size={args.batch_size}",
-        f"recipe.global_batch_size={args.batch_size}",
+        f"recipe.global_batch_size={args.batch_size * args.devices}",
+        *([f"trainer.devices={args.devices}", "trainer.accelerator=cpu"] if args.devices > 1 else []),
         f"model.image_size={args.image_size}",
         f"trainer.max_steps={2 if resume else 1}",
         "trainer.limit_val_batches=0",
@@ -147,7 +152,37 @@ def train_overrides(tree: Path, backend: str, run_dir: Path, args: argparse.Name
     ]
 
 
-def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, resume: bool) -> dict[str, float]:
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _ranks_memory_kib(pids: list[int]) -> list[int]:
+    """Per rank, its main process's RSS plus its forked workers' USS. `pids`: train.py's process tree, parents
+    before children (_tree_pids). A process with its parent's command line is a forked worker of that rank."""
+    commands = {pid: _cmdline(pid) for pid in pids}
+    parents = {}
+    for pid in pids:
+        try:
+            parents[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            parents[pid] = 0
+    rank_of: dict[int, int] = {}
+    memory: list[int] = []
+    for pid in pids:
+        parent = parents[pid]
+        if parent in rank_of and commands[pid] == commands.get(parent):
+            rank_of[pid] = rank_of[parent]
+            memory[rank_of[pid]] += _memory_kib(pid, private=True)
+        else:
+            rank_of[pid] = len(memory)
+            memory.append(_memory_kib(pid, private=False))
+    return memory
+
+
+def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, resume: bool) -> dict[str, Any]:
     """One start of train.py; returns seconds to the first step and to exit, peak RSS and PSS in MiB."""
     overrides = train_overrides(tree, backend, run_dir, args, resume)
     report = run_dir / "report.json"
@@ -155,13 +190,13 @@ def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, res
     command = [sys.executable, "-c", _WRAPPER, sys.executable, str(REPO / "train.py"), *overrides]
     began = time.perf_counter()
     child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first_step, peak_rank = None, 0
+    first_step, peak_ranks = None, [0] * args.devices
     while child.poll() is None:
         if first_step is None and report.exists():
             first_step = time.perf_counter() - began
-        main, *workers = _tree_pids(child.pid)[1:] or [0]  # [1:]: not the wrapper; train.py, then its workers
-        rank = _memory_kib(main, private=False) + sum(_memory_kib(w, private=True) for w in workers)
-        peak_rank = max(peak_rank, rank)
+        ranks = _ranks_memory_kib(_tree_pids(child.pid)[1:])  # [1:]: not the wrapper; train.py, its ranks, workers
+        for r, kib in enumerate(ranks[: args.devices]):
+            peak_ranks[r] = max(peak_ranks[r], kib)
         time.sleep(0.1)
     out, err = child.communicate()
     elapsed = time.perf_counter() - began
@@ -174,7 +209,8 @@ def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, res
         "first_step_s": first_step,
         "exit_s": elapsed,
         "peak_rss_mib": int(err.strip().splitlines()[-1]) / 1024,
-        "peak_rank_mib": peak_rank / 1024,
+        "peak_rank_mib": max(peak_ranks) / 1024,
+        "peak_each_rank_mib": [round(kib / 1024) for kib in peak_ranks],
     }
 
 
@@ -203,13 +239,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="data.num_workers (the cpu profile's default)")
+    parser.add_argument("--devices", type=int, default=1, help="DDP ranks (gloo, on this machine's CPUs)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument(
         "--no-disk-warmup", action="store_true", help="skip the untimed import that reads the libraries from disk"
     )
     parser.add_argument("overrides", nargs="*", help="more train.py overrides for every start (KEY=VALUE)")
     args = parser.parse_intermixed_args(argv)
-    for name in ("classes", "train", "val", "image_size", "batch_size"):
+    for name in ("classes", "train", "val", "image_size", "batch_size", "devices"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
     if not args.source.is_dir():
@@ -233,7 +270,8 @@ def run(args: argparse.Namespace) -> list[tuple[str, str, dict[str, float]]]:
             shutil.rmtree(run_dir)  # our own run dir from an earlier benchmark
         for kind, resume in (("first", False), ("resumed", True)):
             result = start(tree, backend, run_dir, args, resume)
-            print(f"{backend} {kind}: {json.dumps({k: round(v, 2) for k, v in result.items()})}", flush=True)
+            shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}
+            print(f"{backend} {kind}: {json.dumps(shown)}", flush=True)
             rows.append((backend, kind, result))
     return rows
 
