@@ -293,6 +293,16 @@ def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
     assert len(loader) == 3 and per_epoch[1:] == [3, 3], per_epoch  # 24 images / 8; before: [6, 6]
 
 
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_dali_checkpointing_switch(folder: Path, checkpointing: bool) -> None:
+    """data.dali_checkpointing=false (to save the reader's second copy of the names) keeps no position: a resume
+    starts the reader's epoch again. On, the position names the DALI checkpoint of the batch trained on last."""
+    loader = make_backend(data_cfg(folder, f"data.dali_checkpointing={checkpointing}")).loader("train", 8, 0, 1, 0)
+    next(iter(loader))
+    position = loader.position()
+    assert (position.get("yielded"), bool(position.get("start"))) == ((1, True) if checkpointing else (None, False))
+
+
 def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> None:
     loader = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, seed=0)
     iterator = iter(loader)

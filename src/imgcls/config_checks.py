@@ -276,6 +276,7 @@ TRAIN: dict[str, Check] = {
     "data.dali_resize_threads": COUNT,
     "data.dali_host_prefetch": COUNT,
     "data.dali_train_antialias": boolean,
+    "data.dali_checkpointing": boolean,
     "data.on_bad_image": anything,  # bad_images.py names the allowed policies
     "data.trace_dir": anything,
     "data.progressive.enabled": boolean,
