@@ -71,14 +71,20 @@ def test_loader_size_follows_the_epoch(folder: Path, backend: str, resize: str) 
     datamodule.trainer = trainer
     datamodule.setup("fit")
     assert trainer.reload_dataloaders_every_n_epochs == 1  # Lightning asks for a loader every epoch
-    sizes, loaders = [], []
+    sizes, loaders, orders = [], [], []
     for epoch in range(3):
         trainer.current_epoch = epoch
         loader = datamodule.train_dataloader()
         loaders.append(loader)
-        sizes.append(next(iter(loader))[0].shape[-1])
+        images, labels = next(iter(loader))
+        sizes.append(images.shape[-1])
+        orders.append(labels.tolist())
         assert loader is datamodule.train_dataloader()  # same size: the same loader, not rebuilt
     assert sizes == [16, 32, 48]
+    if backend.startswith("dali"):  # (torchvision's sampler takes the epoch from Lightning's set_epoch)
+        # Each stage's new loader starts a fresh order: a DALI pipeline built for a later stage was seeded as the
+        # first one, and read the first epoch's order (and augmentation draws) again at every stage.
+        assert orders[0] != orders[1] != orders[2] != orders[0], orders
     val_loader = datamodule.val_dataloader()
     images, _ = next(iter(val_loader))
     assert images.shape[-2:] == (48, 48)  # val at the final size

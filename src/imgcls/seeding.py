@@ -12,7 +12,9 @@
    the rank that reads it, or where a resumed epoch restarted. That is what makes a mid-epoch resume
    bitwise exact with worker processes too (a worker's RNG state cannot be saved in a checkpoint).
 
-4. `dali_pipeline_seed(seed, rank)`: each rank's DALI pipeline seed.
+4. `dali_pipeline_seed(seed, rank, epoch)`: each rank's DALI pipeline seed; with `dali_list_order`, from the epoch
+   the pipeline is built for (a progressive-resizing stage's first epoch; 0 otherwise), so that each stage's
+   new pipeline does not repeat the first stage's order and augmentation draws.
 5. `RNGState`: the global RNG states (torch, CUDA, numpy, python) of every rank travel in the checkpoint, so a
    resumed run draws the same augmentations and mixup lambdas as an uninterrupted one. Hand-written: Lightning
    2.6 restores model, optimizer, schedulers, loops and stateful loaders, but not RNG states.
@@ -93,15 +95,15 @@ def seeded(seed: int) -> Iterator[None]:
             torch.set_rng_state(saved[2])
 
 
-def dali_pipeline_seed(seed: int, rank: int) -> int:
+def dali_pipeline_seed(seed: int, rank: int, epoch: int = 0) -> int:
     # Distinct per rank (unlike NVIDIA's fixed 12 + device_id) and derived from the run seed.
-    return (int(seed) * 1000003 + 7919 * int(rank)) % (2**31 - 1)
+    return (int(seed) * 1000003 + 7919 * int(rank) + 104729 * int(epoch)) % (2**31 - 1)
 
 
-def dali_list_order(seed: int, size: int) -> np.ndarray:
+def dali_list_order(seed: int, size: int, epoch: int = 0) -> np.ndarray:
     """The order of the train list handed to DALI: a permutation of range(size) from the run seed alone,
     the same on every rank (DALI's per-epoch shuffle has a fixed seed: this makes the order the run seed's)."""
-    return np.random.default_rng(_splitmix64(int(seed) ^ 0x44414C49)).permutation(size)
+    return np.random.default_rng(_splitmix64((int(seed) ^ 0x44414C49) + (int(epoch) << 32))).permutation(size)
 
 
 class RNGState(L.Callback):

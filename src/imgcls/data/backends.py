@@ -76,6 +76,7 @@ class TorchvisionBackend:
         seed: int,
         image_size: int | None = None,
         augment_magnitude: int | None = None,
+        first_epoch: int = 0,  # DALI's; the sampler here draws every epoch's order from (seed, epoch) itself
     ) -> DataLoader:
         dataset = self.dataset(split, image_size, augment_magnitude)
         sampler = self._sampler(dataset, split, batch_size, rank, world_size, seed)

@@ -81,9 +81,13 @@ class ClassificationDataModule(L.LightningDataModule):
         options: dict[str, Any] = {}
         if self.schedule is not None:
             epoch = self._epoch()
-            options["image_size"] = self.schedule.size(epoch)
-            if self.schedule.magnitude(epoch) is not None:
-                options["augment_magnitude"] = self.schedule.magnitude(epoch)
+            options = self._stage_options(epoch)
+            # A new loader for each stage: seeded from the stage's first epoch (not the epoch a resumed process
+            # starts in), so that each stage's DALI reader does not repeat the first stage's order.
+            first = epoch
+            while first > 0 and self._stage_options(first - 1) == options:
+                first -= 1
+            options["first_epoch"] = first
         loader = self._train_loader = self._loader("train", self.batch_size, **options)
         if self._resume is not None:
             later = self._epoch() > int(self._resume["epoch"])
@@ -96,6 +100,14 @@ class ClassificationDataModule(L.LightningDataModule):
             if later:
                 self._resume = None  # a later epoch's loader (progressive resizing) starts fresh
         return loader
+
+    def _stage_options(self, epoch: int) -> dict[str, Any]:
+        """The progressive-resizing schedule's loader options at EPOCH (image size, augmentation magnitude)."""
+        assert self.schedule is not None
+        options: dict[str, Any] = {"image_size": self.schedule.size(epoch)}
+        if self.schedule.magnitude(epoch) is not None:
+            options["augment_magnitude"] = self.schedule.magnitude(epoch)
+        return options
 
     def _restore_dali(self, loader: Any, positions: list[dict[str, Any]]) -> None:
         rank, world = self._rank_world()

@@ -105,12 +105,12 @@ class DaliBackend:
         options = dict(self.cfg.get("storage_options") or {})
         return local_copies(urls, str(self.cfg.shard_cache), options)
 
-    def _shard_source(self, files: ShardCatalog, split: str, world_size: int, seed: int) -> ShardSource:
+    def _shard_source(self, files: ShardCatalog, split: str, world_size: int, seed: int, epoch: int) -> ShardSource:
         """The shard files in reading order: train's are permuted by the run seed (each rank's contiguous
         range of records then spans other files for another seed), val's stay in the manifest's order."""
         paths = list(files.paths)
         if split == "train":
-            paths = [paths[i] for i in dali_list_order(seed, len(paths))]
+            paths = [paths[i] for i in dali_list_order(seed, len(paths), epoch)]
         index_paths: list[str] = []
         if self.format == "tfrecord":
             index_paths = dali_index_files(paths, self.cfg.get("index_dir"), str(self.cfg.shard_cache))
@@ -127,7 +127,10 @@ class DaliBackend:
         image_size: int | None = None,
         augment_magnitude: int | None = None,
         with_crop_shape: bool = False,
+        first_epoch: int = 0,
     ) -> DaliLoader:
+        """`first_epoch`: the epoch this loader starts at when it is built for a later epoch than the run's first
+        (progressive resizing): its list order and pipeline seed derive from it (seeding.dali_pipeline_seed)."""
         cfg = self.cfg
         files = self.files(split)
         if len(files) < world_size:
@@ -135,15 +138,15 @@ class DaliBackend:
             raise DataError(f"{where} has {len(files)} images, fewer than {world_size} ranks")
         if isinstance(files, ShardCatalog):
             # DALI's shard readers split the records among the ranks themselves (pipelines._read_records).
-            shards = self._shard_source(files, split, world_size, seed)
+            shards = self._shard_source(files, split, world_size, seed, first_epoch)
             opened: Callable[[], AbstractContextManager] = functools.partial(contextlib.nullcontext, shards)
             part = (rank, world_size)
         else:
-            opened = functools.partial(_listed, files, split, rank, world_size, seed)
+            opened = functools.partial(_listed, files, split, rank, world_size, seed, first_epoch)
             # Train: every rank's reader gets the whole list and reads its part; val: only its part (_listed).
             part = (rank, world_size) if split == "train" else (0, 1)
         return self._loader(files, opened, split, batch_size, rank, world_size, seed, image_size,
-                            augment_magnitude, with_crop_shape, part)  # fmt: skip
+                            augment_magnitude, with_crop_shape, part, first_epoch)  # fmt: skip
 
     def _loader(
         self,
@@ -158,6 +161,7 @@ class DaliBackend:
         augment_magnitude: int | None,
         with_crop_shape: bool,
         part: tuple[int, int],
+        first_epoch: int,
     ) -> DaliLoader:
         cfg = self.cfg
         size = int(image_size or cfg.image_size)
@@ -177,7 +181,7 @@ class DaliBackend:
             "num_threads": max(1, int(cfg.num_workers)),
             # dali_cpu never touches CUDA (device_id=None), so it also runs on machines without a GPU.
             "device_id": torch.cuda.current_device() if self.gpu else None,
-            "seed": dali_pipeline_seed(seed, rank),
+            "seed": dali_pipeline_seed(seed, rank, first_epoch),
             "prefetch_queue_depth": max(1, int(cfg.prefetch_factor or 2)),
         }
         host_resize: HostResize | None = None
@@ -258,7 +262,7 @@ def _built(
 
 
 @contextlib.contextmanager
-def _listed(files: FileList, split: str, rank: int, world_size: int, seed: int) -> Iterator[FolderSource]:
+def _listed(files: FileList, split: str, rank: int, world_size: int, seed: int, epoch: int) -> Iterator[FolderSource]:
     """A FolderSource whose list file exists while the pipeline is built."""
     listing = tempfile.NamedTemporaryFile(prefix="imgcls-dali-", suffix=".txt", delete=False)  # noqa: SIM115
     listing.close()
@@ -267,7 +271,7 @@ def _listed(files: FileList, split: str, rank: int, world_size: int, seed: int) 
             # The whole list, in the run seed's order: DALI reshuffles the whole list before every epoch
             # (shuffle_after_epoch) and each rank reads its part of that permutation, so every rank needs every
             # name.
-            files.write_list(listing.name, order=dali_list_order(seed, len(files)))
+            files.write_list(listing.name, order=dali_list_order(seed, len(files), epoch))
         else:
             # Val reads its own contiguous part in order every epoch (stick_to_shard, no shuffle): DALI given
             # only that part reads the same samples, and holds 1/world_size of the names.
