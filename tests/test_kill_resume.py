@@ -118,6 +118,11 @@ def test_mid_epoch_resume_with_dataloader_workers_is_bitwise_exact(tmp_path: Pat
     assert stopped.returncode == 0, stopped.stderr[-2000:]
     last = run_dir / "checkpoints" / "last.ckpt"
     assert assert_readable(last) == 4  # the second of epoch 1's three steps: mid-epoch
+    written = (run_dir / "config.yaml").stat().st_ino
     resumed = run_cli("train.py", *common, "ckpt_path=last", f"hydra.run.dir={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # config.yaml is renamed into place, not rewritten in place: other ranks (torchrun, srun) read it while rank 0
+    # writes it, and a half-written one stopped a resumed 2-rank run ("holds a config.yaml that imgcls did not
+    # write"). A new file has a new inode; a truncate-and-write keeps the old one.
+    assert (run_dir / "config.yaml").stat().st_ino != written
     assert_same_final_weights(tmp_path / "ref" / "checkpoints" / "last.ckpt", last, steps=6)

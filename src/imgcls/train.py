@@ -19,6 +19,7 @@ from imgcls.plan import resolve_plan
 from imgcls.quantization.calibration import calibration_batches
 from imgcls.rundir import check_run_files_are_ours
 from imgcls.seeding import seed_for_init
+from imgcls.storage import write_atomic
 from imgcls.trainer import build_trainer
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     trainer = build_trainer(cfg, plan, callbacks, loggers)
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        # Renamed into place: under torchrun or srun the other ranks check this file (step 3) while rank 0 writes
+        # it, and a half-written one is not an imgcls config (a resumed 2-rank run stopped on it).
+        write_atomic(run_dir / "config.yaml", lambda tmp: OmegaConf.save(cfg, tmp, resolve=True))
         log.info("run dir %s; plan %s", run_dir, plan.as_dict())
 
     # 8. Fit.
