@@ -59,13 +59,15 @@ class ClassificationDataModule(L.LightningDataModule):
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
 
-    def _loader(self, split: str, batch_size: int, **options: Any) -> Any:
+    def _loader(self, split: str, batch_size: int, position: dict[str, Any] | None = None, **options: Any) -> Any:
+        """The split's loader for these options, built once; `position`: a DALI reader position to build it at."""
         rank, world = self._rank_world()
         key = (split, batch_size, rank, world, *sorted(options.items()))
         if key not in self._loaders:
             # Close this split's stale loader first (its worker processes or DALI pipeline).
             self._close([k for k in self._loaders if k[0] == split])
-            self._loaders[key] = self.backend.loader(split, batch_size, rank, world, self.seed, **options)
+            extra = {"position": position} if position else {}
+            self._loaders[key] = self.backend.loader(split, batch_size, rank, world, self.seed, **options, **extra)
         return self._loaders[key]
 
     def _close(self, keys: list[tuple]) -> None:
@@ -88,7 +90,11 @@ class ClassificationDataModule(L.LightningDataModule):
             while first > 0 and self._stage_options(first - 1) == options:
                 first -= 1
             options["first_epoch"] = first
-        loader = self._train_loader = self._loader("train", self.batch_size, **options)
+        position = None
+        if self._resume is not None and "dali" in self._resume and getattr(self.backend, "builds_at_position", False):
+            positions, (rank, world) = self._resume["dali"], self._rank_world()
+            position = positions[rank] if len(positions) == world else None
+        loader = self._train_loader = self._loader("train", self.batch_size, position, **options)
         if self._resume is not None:
             later = self._epoch() > int(self._resume["epoch"])
             if "dali" in self._resume and not (later and self._dali_resumed):

@@ -60,6 +60,8 @@ class DaliBackend:
     """An ImageFolder layout or shard files (data.format) read by DALI. device="cpu" (dali_cpu) or "gpu"
     (dali_gpu: nvJPEG + GPU resize)."""
 
+    builds_at_position = True  # loader(position=...): a resumed train loader restored in its first build
+
     def __init__(self, cfg: Any, device: str = "cpu") -> None:
         if device == "gpu" and not torch.cuda.is_available():
             raise ConfigError("data.backend=dali_gpu needs a CUDA GPU and this machine has none; use dali_cpu")
@@ -128,9 +130,12 @@ class DaliBackend:
         augment_magnitude: int | None = None,
         with_crop_shape: bool = False,
         first_epoch: int = 0,
+        position: dict[str, Any] | None = None,
     ) -> DaliLoader:
         """`first_epoch`: the epoch this loader starts at when it is built for a later epoch than the run's first
-        (progressive resizing): its list order and pipeline seed derive from it (seeding.dali_pipeline_seed)."""
+        (progressive resizing): its list order and pipeline seed derive from it (seeding.dali_pipeline_seed).
+        `position`: a resumed run's DaliLoader.position(), built into the pipeline (one build, not a build and
+        DaliLoader.restore's rebuild)."""
         cfg = self.cfg
         files = self.files(split)
         if len(files) < world_size:
@@ -146,7 +151,7 @@ class DaliBackend:
             # Train: every rank's reader gets the whole list and reads its part; val: only its part (_listed).
             part = (rank, world_size) if split == "train" else (0, 1)
         return self._loader(files, opened, split, batch_size, rank, world_size, seed, image_size,
-                            augment_magnitude, with_crop_shape, part, first_epoch)  # fmt: skip
+                            augment_magnitude, with_crop_shape, part, first_epoch, position)  # fmt: skip
 
     def _loader(
         self,
@@ -162,6 +167,7 @@ class DaliBackend:
         with_crop_shape: bool,
         part: tuple[int, int],
         first_epoch: int,
+        position: dict[str, Any] | None,
     ) -> DaliLoader:
         cfg = self.cfg
         size = int(image_size or cfg.image_size)
@@ -225,7 +231,10 @@ class DaliBackend:
             )
         else:
             make = functools.partial(val_pipeline, **common, resize=val_resize_size(cfg, common["size"]))
-        pipe = _built(make, opened)
+        signature = (split, size, augment_magnitude, with_crop_shape)
+        if not (checkpointing and position and list(position.get("signature", ())) == list(signature)):
+            position = None  # what DaliLoader.restore ignores too
+        pipe = _built(make, opened, position["start"] if position else None)
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
         outputs += ["crop_shape"] if with_crop_shape else []
@@ -243,7 +252,8 @@ class DaliBackend:
             bad_images=self.bad_images,
             prefetch=self.host_prefetch,
             rebuild=functools.partial(_built, make, opened) if checkpointing else None,
-            signature=(split, size, augment_magnitude, with_crop_shape),
+            signature=signature,
+            restored=position,
         )
 
 

@@ -160,10 +160,12 @@ class DaliLoader:
         prefetch: int = 1,
         rebuild: Callable[[str], Any] | None = None,
         signature: tuple = (),
+        restored: dict[str, Any] | None = None,
     ) -> None:
         """`rebuild(checkpoint)`: the same pipeline, built with DALI reader checkpointing and restored from a
         checkpoint of it (None: this loader cannot resume mid-epoch). `signature`: what the pipeline's graph
-        depends on; a position saved by a loader with another one is not restored (progressive resizing)."""
+        depends on; a position saved by a loader with another one is not restored (progressive resizing).
+        `restored`: the position `pipe` was built at (from its DALI checkpoint), as restore() would set it."""
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
@@ -210,6 +212,8 @@ class DaliLoader:
             raise
         self._consumed = 0  # DALI batches taken in the current epoch
         self.copy = not getattr(pipe, "exec_dynamic", False)
+        if restored:
+            self._at(restored)
 
     def _make_iterator(self, pipe: Any, outputs: list[str], ragged: bool) -> Any:
         # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
@@ -275,6 +279,10 @@ class DaliLoader:
         if position == self._restored:
             return
         self._restart_pipeline(position["start"])
+        self._at(position)
+
+    def _at(self, position: dict[str, Any]) -> None:
+        """The loader's counters at a restored position; the rest is applied at the next iter() (_batches)."""
         self.epoch, self._consumed = int(position["epoch"]), int(position["consumed"])
         self._restored = self._position = dict(position)
 
