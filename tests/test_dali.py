@@ -323,6 +323,30 @@ def test_resumed_data_module_builds_its_dali_pipeline_once_at_the_saved_batch(
     assert next(iter(loader))[1].tolist() == expected[2]
 
 
+def test_dali_list_file_is_imgcls_own_temp_file_and_only_it_goes(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DALI reads the names from a list file that imgcls makes in the temp dir for each build (train, val, a
+    resumed build) and deletes right after: nothing else in the temp dir is touched, a file with the same prefix
+    included, and nothing is written in the data root."""
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    theirs = {"imgcls-dali-theirs.txt": "a file with our prefix, not ours", "notes.txt": "keep me"}
+    for name, text in theirs.items():
+        (temp / name).write_text(text)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    data_before = {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")}
+    backend = make_backend(data_cfg(folder))
+    loader = backend.loader("train", 8, 0, 1, seed=0)
+    next(iter(loader))
+    backend.loader("val", 4, 0, 1, seed=0)
+    backend.loader("train", 8, 0, 1, seed=0, position=loader.position())  # a resumed build
+    assert {p.name: p.read_text() for p in temp.iterdir()} == theirs
+    assert {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")} == data_before
+
+
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_dali_checkpointing_switch(folder: Path, checkpointing: bool) -> None:
     """data.dali_checkpointing=false (to save the reader's second copy of the names) keeps no position: a resume

@@ -148,9 +148,9 @@ def test_startup_benchmark_tells_ranks_from_their_loader_workers(tmp_path: Path)
         deadline = time.monotonic() + 20
         while len(startup._tree_pids(root.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = startup._tree_pids(root.pid)
-        assert len(pids) == 4  # rank 0, its worker, rank 1, its worker
-        ranks = startup._ranks_memory_kib(pids)
+        tree = startup._tree(root.pid)
+        assert len(tree) == 4  # rank 0, its worker, rank 1, its worker
+        ranks = startup._ranks_memory_kib(tree)
         assert len(ranks) == 2 and min(ranks) > 1000, ranks  # each: a Python's RSS plus a worker's private pages
     finally:
         for pid in reversed(startup._tree_pids(root.pid)):

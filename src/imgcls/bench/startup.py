@@ -111,6 +111,11 @@ def _memory_kib(pid: int, private: bool) -> int:
 
 
 def _tree_pids(root: int) -> list[int]:
+    return [pid for pid, _ in _tree(root)]
+
+
+def _tree(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of ROOT and every descendant, parents before children."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -119,12 +124,12 @@ def _tree_pids(root: int) -> list[int]:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    pids, todo = [], [root]
+    tree, todo = [], [(root, 0)]
     while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        todo.extend(children.get(pid, []))
-    return pids
+        pid, parent = todo.pop()
+        tree.append((pid, parent))
+        todo.extend((child, pid) for child in children.get(pid, []))
+    return tree
 
 
 def train_overrides(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, resume: bool) -> list[str]:
@@ -159,20 +164,13 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _ranks_memory_kib(pids: list[int]) -> list[int]:
-    """Per rank, its main process's RSS plus its forked workers' USS. `pids`: train.py's process tree, parents
-    before children (_tree_pids). A process with its parent's command line is a forked worker of that rank."""
-    commands = {pid: _cmdline(pid) for pid in pids}
-    parents = {}
-    for pid in pids:
-        try:
-            parents[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            parents[pid] = 0
+def _ranks_memory_kib(tree: list[tuple[int, int]]) -> list[int]:
+    """Per rank, its main process's RSS plus its forked workers' USS. `tree`: train.py's process tree (_tree),
+    parents before children. A process with its parent's command line is a forked worker of that rank."""
+    commands = {pid: _cmdline(pid) for pid, _ in tree}
     rank_of: dict[int, int] = {}
     memory: list[int] = []
-    for pid in pids:
-        parent = parents[pid]
+    for pid, parent in tree:
         if parent in rank_of and commands[pid] == commands.get(parent):
             rank_of[pid] = rank_of[parent]
             memory[rank_of[pid]] += _memory_kib(pid, private=True)
@@ -194,7 +192,7 @@ def start(tree: Path, backend: str, run_dir: Path, args: argparse.Namespace, res
     while child.poll() is None:
         if first_step is None and report.exists():
             first_step = time.perf_counter() - began
-        ranks = _ranks_memory_kib(_tree_pids(child.pid)[1:])  # [1:]: not the wrapper; train.py, its ranks, workers
+        ranks = _ranks_memory_kib(_tree(child.pid)[1:])  # [1:]: not the wrapper; train.py, its ranks, workers
         for r, kib in enumerate(ranks[: args.devices]):
             peak_ranks[r] = max(peak_ranks[r], kib)
         time.sleep(0.1)

@@ -50,13 +50,12 @@ class Preempted(SIGTERMException):
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def requeue_by(env: dict[str, str] | None = None) -> str | None:
+def requeue_by() -> str | None:
     """Who requeues this job on a REQUEUE_SIGNALS signal: "slurm" (scontrol requeue), "submitit_local" (submitit's
     local executor restarts a task that exits with its LOCAL_REQUEUE_RETURN_CODE), or None."""
-    env = dict(os.environ) if env is None else env
     if SLURMEnvironment.detect():
         return "slurm"
-    if env.get("SUBMITIT_LOCAL_JOB_ID"):
+    if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
         return "submitit_local"
     return None
 

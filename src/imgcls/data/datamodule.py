@@ -34,7 +34,6 @@ class ClassificationDataModule(L.LightningDataModule):
         self._loaders: dict[tuple, Any] = {}
         self._train_loader: Any = None
         self._resume: dict[str, Any] | None = None  # the train loader's position from a checkpoint
-        self._dali_resumed = False  # the DALI position was handed to a train loader
 
     def setup(self, stage: str) -> None:
         if self.schedule is not None and self.trainer is not None:
@@ -90,18 +89,12 @@ class ClassificationDataModule(L.LightningDataModule):
             while first > 0 and self._stage_options(first - 1) == options:
                 first -= 1
             options["first_epoch"] = first
-        position = None
-        if self._resume is not None and "dali" in self._resume and getattr(self.backend, "builds_at_position", False):
-            positions, (rank, world) = self._resume["dali"], self._rank_world()
-            position = positions[rank] if len(positions) == world else None
-        loader = self._train_loader = self._loader("train", self.batch_size, position, **options)
+        # A DALI loader is built at this rank's saved position. The first request may come before Lightning has
+        # restored the epoch counter: the position itself says whether its epoch had ended (DaliLoader).
+        loader = self._train_loader = self._loader("train", self.batch_size, self._dali_position(), **options)
         if self._resume is not None:
             later = self._epoch() > int(self._resume["epoch"])
-            if "dali" in self._resume and not (later and self._dali_resumed):
-                # The first request may come before Lightning has restored the epoch counter: the position
-                # itself says whether its epoch had ended (DaliLoader.restore); restoring again is harmless.
-                self._restore_dali(loader, self._resume["dali"])
-            elif "train_loader" in self._resume and not later and hasattr(loader, "load_state_dict"):
+            if "train_loader" in self._resume and not later and hasattr(loader, "load_state_dict"):
                 loader.load_state_dict(self._resume["train_loader"])
             if later:
                 self._resume = None  # a later epoch's loader (progressive resizing) starts fresh
@@ -115,16 +108,19 @@ class ClassificationDataModule(L.LightningDataModule):
             options["augment_magnitude"] = self.schedule.magnitude(epoch)
         return options
 
-    def _restore_dali(self, loader: Any, positions: list[dict[str, Any]]) -> None:
-        rank, world = self._rank_world()
-        self._dali_resumed = True
+    def _dali_position(self) -> dict[str, Any] | None:
+        """This rank's saved DALI reader position, while a resume has one (only a DALI backend takes it)."""
+        if self._resume is None or "dali" not in self._resume or not getattr(self.backend, "builds_at_position", False):
+            return None
+        positions, (rank, world) = self._resume["dali"], self._rank_world()
         if len(positions) != world:
             log.warning(
                 "resuming %d ranks from %d: the DALI readers start their epoch again instead of at the saved batch",
                 world, len(positions),
             )  # fmt: skip
-            return
-        loader.restore(positions[rank])
+            self._resume = None
+            return None
+        return positions[rank]
 
     # Mid-epoch resume. The train loader is stateful (samplers.ResumableDataLoader), but Lightning 2.6 loads
     # a stateful loader's state only into a loader it creates after restoring the loops, and
@@ -137,13 +133,10 @@ class ClassificationDataModule(L.LightningDataModule):
             steps = self.trainer.num_training_batches if self.trainer is not None else None
             steps = int(steps) if isinstance(steps, int) else None
             return {"dali": gather_objects(loader.position(steps)), "epoch": self._epoch()}
-        if hasattr(loader, "state_dict"):
-            state = loader.state_dict()
-            return {"train_loader": state, "epoch": state.get("epoch", self._epoch())}
-        return {}
+        return {"train_loader": loader.state_dict()} if hasattr(loader, "state_dict") else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "train_loader" in state_dict and "epoch" not in state_dict:  # saved before the DALI positions
+        if "train_loader" in state_dict:  # the sampler's epoch; a DALI position saves the trainer's
             state_dict = {**state_dict, "epoch": state_dict["train_loader"].get("epoch", 0)}
         self._resume = dict(state_dict) if state_dict else None
 

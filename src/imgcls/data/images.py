@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 from torchvision.datasets import ImageFolder, VisionDataset
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from imgcls.data.bad_images import MAX_PIXELS, BadImage, BadSample
 from imgcls.data.file_list import FileList
@@ -62,7 +61,6 @@ class CheckedImageFolder(ImageFolder):
             return
         VisionDataset.__init__(self, root, transform=transform)
         self.loader = load_rgb
-        self.extensions = IMG_EXTENSIONS
         self.classes = list(files.classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 

@@ -134,8 +134,9 @@ class DaliBackend:
     ) -> DaliLoader:
         """`first_epoch`: the epoch this loader starts at when it is built for a later epoch than the run's first
         (progressive resizing): its list order and pipeline seed derive from it (seeding.dali_pipeline_seed).
-        `position`: a resumed run's DaliLoader.position(), built into the pipeline (one build, not a build and
-        DaliLoader.restore's rebuild)."""
+        `position`: a resumed run's DaliLoader.position(): the train pipeline is built from its DALI checkpoint and
+        the loader goes on from there (ignored when empty, or saved by a loader of another signature, such as
+        another progressive-resizing size)."""
         cfg = self.cfg
         files = self.files(split)
         if len(files) < world_size:
@@ -233,7 +234,7 @@ class DaliBackend:
             make = functools.partial(val_pipeline, **common, resize=val_resize_size(cfg, common["size"]))
         signature = (split, size, augment_magnitude, with_crop_shape)
         if not (checkpointing and position and list(position.get("signature", ())) == list(signature)):
-            position = None  # what DaliLoader.restore ignores too
+            position = None  # another graph (e.g. another progressive size): a fresh start
         pipe = _built(make, opened, position["start"] if position else None)
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
@@ -251,7 +252,7 @@ class DaliBackend:
             host_resize=host_resize,
             bad_images=self.bad_images,
             prefetch=self.host_prefetch,
-            rebuild=functools.partial(_built, make, opened) if checkpointing else None,
+            checkpointing=checkpointing,
             signature=signature,
             restored=position,
         )
@@ -261,7 +262,7 @@ def _built(
     make: Callable[..., Any], opened: Callable[[], AbstractContextManager], checkpoint: str | None = None
 ) -> Any:
     """The pipeline of `make` over the source `opened` gives, built (a folder's list file is read now and goes
-    right after); `checkpoint`: restored from that DALI checkpoint (DaliLoader.restore)."""
+    right after); `checkpoint`: restored from that DALI checkpoint (a resumed loader's position)."""
     with opened() as source:
         pipe = make(source=source, checkpoint=checkpoint)
         try:

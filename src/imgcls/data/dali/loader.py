@@ -9,7 +9,7 @@ import math
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,14 +158,14 @@ class DaliLoader:
         host_resize: HostResize | None = None,
         bad_images: BadImageLog | None = None,
         prefetch: int = 1,
-        rebuild: Callable[[str], Any] | None = None,
+        checkpointing: bool = False,
         signature: tuple = (),
         restored: dict[str, Any] | None = None,
     ) -> None:
-        """`rebuild(checkpoint)`: the same pipeline, built with DALI reader checkpointing and restored from a
-        checkpoint of it (None: this loader cannot resume mid-epoch). `signature`: what the pipeline's graph
-        depends on; a position saved by a loader with another one is not restored (progressive resizing).
-        `restored`: the position `pipe` was built at (from its DALI checkpoint), as restore() would set it."""
+        """`checkpointing`: `pipe` checkpoints its reader (DALI's enable_checkpointing), so position() can say where
+        the trainer is. `signature`: what the pipeline's graph depends on, kept in each position (the backend builds
+        a loader at a saved position only for the same signature). `restored`: the position `pipe` was built at
+        from its DALI checkpoint (DaliBackend.loader's `position`)."""
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
@@ -199,12 +199,10 @@ class DaliLoader:
         self._end = weakref.finalize(self, _release, pipe, self._worker)
         self._end.atexit = False
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
-        self.outputs = outputs
-        self.rank, self.world_size = rank, world_size
-        self._rebuild = rebuild
+        self.checkpointing = checkpointing
         self.signature = list(signature)
         self._position: dict[str, Any] = {}  # where the consumer is (position())
-        self._restored: dict[str, Any] | None = None  # a position restored, applied at the next iter()
+        self._restored: dict[str, Any] | None = None  # the position built at, applied at the first iter()
         try:
             self._iterator = self._make_iterator(pipe, outputs, host_resize is not None)
         except BaseException:
@@ -213,7 +211,8 @@ class DaliLoader:
         self._consumed = 0  # DALI batches taken in the current epoch
         self.copy = not getattr(pipe, "exec_dynamic", False)
         if restored:
-            self._at(restored)
+            self.epoch, self._consumed = int(restored["epoch"]), int(restored["consumed"])
+            self._restored = self._position = dict(restored)
 
     def _make_iterator(self, pipe: Any, outputs: list[str], ragged: bool) -> Any:
         # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
@@ -256,35 +255,19 @@ class DaliLoader:
     # Mid-epoch resume with DALI's reader checkpointing. Before taking each batch from DALI, the loader takes
     # the iterator's checkpoint (a few hundred bytes: the reader's place and every random generator's state;
     # ~0.2 ms), so the position of the batch the consumer trained on last is exact even though the producer
-    # runs ahead of it. A resume rebuilds the pipeline from that checkpoint, makes that batch again and skips
-    # the yields of it already trained on. Hand-written: DALI's iterator checkpoints what it has taken, which
-    # with a prefetching producer is ahead of what the consumer has used.
+    # runs ahead of it. A resumed loader's pipeline is built from that checkpoint (DaliBackend.loader), makes that
+    # batch again and skips the yields of it already trained on. Hand-written: DALI's iterator checkpoints what it
+    # has taken, which with a prefetching producer is ahead of what the consumer has used.
     def position(self, steps_per_epoch: int | None = None) -> dict[str, Any]:
-        """This rank's place in its epochs, for restore(): {} before the first batch or when the pipeline does
-        not checkpoint. `steps_per_epoch`: the steps the trainer takes from an epoch (trainer.limit_train_batches
-        can make them fewer than len()); a position at the last of them, or at the end of the epoch, is the
-        epoch's end, and a restore continues with the next epoch."""
+        """This rank's place in its epochs, to build a loader at (`restored`): {} before the first batch or when
+        the pipeline does not checkpoint. `steps_per_epoch`: the steps the trainer takes from an epoch
+        (trainer.limit_train_batches can make them fewer than len()); a position at the last of them, or at the
+        end of the epoch, is the epoch's end, and a loader built at it goes on with the next epoch."""
         if not self._position:
             return {}
         limit = min(self.length, steps_per_epoch or self.length)
         done = self._position["done"] or self._position["steps"] >= limit
         return {**self._position, "done": done}
-
-    def restore(self, position: dict[str, Any]) -> None:
-        """Continue from `position` (another process's position() of the same loader): at the next iter(), the
-        rest of its epoch, or the next epoch when it was the epoch's end. Ignored when empty, saved by a loader of
-        another signature, or when this loader cannot checkpoint; done again before iterating, nothing changes."""
-        if not position or self._rebuild is None or list(position.get("signature", ())) != self.signature:
-            return
-        if position == self._restored:
-            return
-        self._restart_pipeline(position["start"])
-        self._at(position)
-
-    def _at(self, position: dict[str, Any]) -> None:
-        """The loader's counters at a restored position; the rest is applied at the next iter() (_batches)."""
-        self.epoch, self._consumed = int(position["epoch"]), int(position["consumed"])
-        self._restored = self._position = dict(position)
 
     # Lightning resumes a loader with these ("stateful"), loading rank 0's state into every rank; the ranks' DALI
     # readers are at different places, so the DataModule carries every rank's position() instead. These tell
@@ -295,26 +278,9 @@ class DaliLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    def _restart_pipeline(self, checkpoint: str) -> None:
-        """Replace the pipeline with one rebuilt from a DALI checkpoint."""
-        if self._stop is not None:
-            self._stop.set()  # a producer of an earlier iterator returns before the worker runs the shutdown
-        old = self._end.detach()
-        if old is not None:
-            stop_old = functools.partial(shut_down, old[2][0])
-            self._worker.call(stop_old) if self._worker is not None else stop_old()
-        pipe = self._rebuild(checkpoint)  # type: ignore[misc]
-        self._end = weakref.finalize(self, _release, pipe, self._worker)
-        self._end.atexit = False
-        try:
-            self._iterator = self._make_iterator(pipe, self.outputs, self.host_resize is not None)
-        except BaseException:
-            self._end()
-            raise
-
-    def _taken(self) -> Iterator[tuple[str | None, int, Any]]:
+    def _taken(self, checkpointing: bool = True) -> Iterator[tuple[str | None, int, Any]]:
         """The rest of the reader's epoch: (checkpoint before the batch, DALI batches taken before it, batch)."""
-        checkpointing = self._rebuild is not None
+        checkpointing = checkpointing and self.checkpointing
         while True:
             start = self._iterator.checkpoints()[0] if checkpointing else None
             try:
@@ -324,14 +290,17 @@ class DaliLoader:
             self._consumed += 1
             yield start, self._consumed - 1, batch
 
-    def _finish_epoch(self, restored_end: bool = False) -> None:
+    def _finish_epoch(self, restored: dict[str, Any] | None = None) -> None:
         # DALI cannot reset mid-epoch: run out the rest of an epoch that the consumer left early, or that a
-        # restored position had ended (its last batch is made again). With next(), not a for loop: iter() on
-        # DALI's iterator resets it when it has given batches, and a reset at the end of an epoch that has not
-        # raised StopIteration yet (the trainer stops at len(), the usual case) starts the next epoch, which the
-        # loop then ran out too: a whole epoch decoded and thrown away at every epoch's start.
-        if self._consumed or restored_end:
-            for _ in self._taken():
+        # restored position had ended (its last batch is made again); a position inside its epoch goes on there.
+        # With next(), not a for loop: iter() on DALI's iterator resets it when it has given batches, and a reset
+        # at the end of an epoch that has not raised StopIteration yet (the trainer stops at len(), the usual
+        # case) starts the next epoch, which the loop then ran out too: a whole epoch decoded and thrown away at
+        # every epoch's start.
+        if restored is not None and not restored["done"]:
+            return
+        if self._consumed or restored is not None:
+            for _ in self._taken(checkpointing=False):
                 pass
             self._iterator.reset()
             self._consumed = 0
@@ -464,9 +433,7 @@ class DaliLoader:
         worker = self._worker
         restored, self._restored = self._restored, None
         resumed = restored is not None and not restored["done"]  # inside its epoch: skip what was trained on
-        finish = functools.partial(self._finish_epoch, restored is not None and restored["done"])
-        if resumed:
-            finish = lambda: None  # noqa: E731 - the restored pipeline is where the epoch goes on
+        finish = functools.partial(self._finish_epoch, restored)
         if worker is not None:
             if self._stop is not None:
                 self._stop.set()  # an earlier iterator's producer, left mid-epoch and not closed
@@ -489,12 +456,11 @@ class DaliLoader:
                 if skip:
                     skip -= 1
                     continue
-                self._position = {
-                    "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
-                    "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
-                }  # fmt: skip
-                if batch.start is None:
-                    self._position = {}
+                if batch.start is not None:
+                    self._position = {
+                        "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
+                        "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
+                    }  # fmt: skip
                 yield batch.result  # type: ignore[misc]
             if self._position:
                 self._position = {**self._position, "done": True}
