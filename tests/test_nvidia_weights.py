@@ -154,7 +154,8 @@ def test_evaluate_reads_an_nvidia_main_py_checkpoint(image_folder: Path, tmp_pat
     loader.setup("validate")
     logits, labels = [], []
     with torch.no_grad():
-        for batch, target in loader.val_dataloader():
+        for uint8_batch in loader.val_dataloader():
+            batch, target = loader.on_after_batch_transfer(uint8_batch, 0)  # as Lightning does on the device
             logits.append(reference(batch))
             labels.append(target)
     logits, labels = torch.cat(logits), torch.cat(labels)

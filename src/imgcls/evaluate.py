@@ -128,7 +128,8 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
     loss = MeanMetric()
     timer = StepTimer()
     cpu = torch.device("cpu")
-    for images, labels in datamodule.val_dataloader():
+    for batch in datamodule.val_dataloader():
+        images, labels = datamodule.on_after_batch_transfer(batch, 0)  # uint8 from the workers: normalized here
         timer.batch_started(cpu)
         logits = torch.from_numpy(model(images))
         timer.batch_ended(len(labels), cpu)

@@ -1,7 +1,8 @@
 """Data backends. Each one turns the data config into train/val loaders for one rank.
 
 The LightningModule never sees which backend runs; a new backend (DALI) registers itself in BACKENDS.
-A backend yields (images float NCHW normalized, labels int64) batches.
+A backend yields (images NCHW, labels int64) batches: uint8 images from the worker processes (torchvision), which
+the DataModule normalizes on the device, or float images normalized on the device already (DALI, synthetic).
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ class SyntheticBackend:
 def _transform(cfg: Any, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:
     if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
         cfg = OmegaConf.merge(cfg, {"randaugment": with_magnitude(str(cfg.randaugment), augment_magnitude)})
-    return (train_transform if split == "train" else val_transform)(cfg, image_size)
+    # uint8 out of the workers: a quarter of float32's bytes to collate, pin and copy (data/device_normalize.py)
+    return (train_transform if split == "train" else val_transform)(cfg, image_size, normalize=False)
 
 
 def _dataloader(

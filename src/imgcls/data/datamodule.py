@@ -10,6 +10,7 @@ import lightning as L
 from imgcls.data.backends import make_backend
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.demo import ensure_demo_dataset
+from imgcls.data.device_normalize import DeviceNormalize
 from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
 from imgcls.distributed import gather_objects
 
@@ -28,6 +29,7 @@ class ClassificationDataModule(L.LightningDataModule):
         self.val_batch_size = int(cfg.val_batch_size or batch_size)
         self.seed = seed
         self.backend = make_backend(cfg)
+        self.normalize = DeviceNormalize(cfg.mean, cfg.std, channels_last=bool(cfg.get("channels_last")))
         self.schedule: ProgressiveSchedule | None = schedule_from_config(cfg)
         # Loaders are kept between epochs (persistent workers, built DALI pipelines) and rebuilt only
         # when what they produce changes (progressive resizing).
@@ -74,6 +76,12 @@ class ClassificationDataModule(L.LightningDataModule):
             loader = self._loaders.pop(key)
             if hasattr(loader, "close"):  # a DALI loader stops its pipeline now, not when it is collected
                 loader.close()
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Every split's batch, on its device: uint8 images become normalized float there (device_normalize.py).
+        A loop of one's own over these loaders calls it too (evaluate's ONNX path)."""
+        images, labels = batch
+        return self.normalize(images), labels
 
     def teardown(self, stage: str) -> None:
         self._close(list(self._loaders))

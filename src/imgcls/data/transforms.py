@@ -14,8 +14,11 @@ from torchvision.transforms import Compose
 from imgcls.data.augment import augment_policy, autoaugment_hparams, with_tf_posterize
 
 
-def train_transform(cfg: Any, image_size: int | None = None) -> Callable:
-    """RandomResizedCrop (area, aspect, interpolation per recipe) -> flip -> [policy] -> normalize."""
+def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = True) -> Callable:
+    """RandomResizedCrop (area, aspect, interpolation per recipe) -> flip -> [policy] -> normalize.
+
+    normalize=False ends with a uint8 CHW tensor instead (the training loaders: normalized on the device,
+    data/device_normalize.py)."""
     size = int(image_size or cfg.image_size)
     policy = augment_policy(cfg)
     autoaugment = cfg.augment == "autoaugment"
@@ -33,6 +36,7 @@ def train_transform(cfg: Any, image_size: int | None = None) -> Callable:
         interpolation=cfg.interpolation,
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),
+        normalize=normalize,
         separate=True,
     )
     primary, secondary, final = (list(stage.transforms) for stage in stages)
@@ -54,8 +58,8 @@ def val_resize_size(cfg: Any, image_size: int) -> int:
     return math.floor(int(image_size) / float(cfg.val_crop_pct))
 
 
-def val_transform(cfg: Any, image_size: int | None = None) -> Callable:
-    """Resize the shorter side to val_resize_size (256 for 224), center crop, normalize."""
+def val_transform(cfg: Any, image_size: int | None = None, normalize: bool = True) -> Callable:
+    """Resize the shorter side to val_resize_size (256 for 224), center crop, normalize (normalize=False: uint8)."""
     size = int(image_size or cfg.image_size)
     resize = val_resize_size(cfg, size)
     return create_transform(
@@ -66,4 +70,5 @@ def val_transform(cfg: Any, image_size: int | None = None) -> Callable:
         interpolation=cfg.interpolation,
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),
+        normalize=normalize,
     )

@@ -1,0 +1,86 @@
+"""The torchvision backend ships uint8 batches and normalizes them on the training device (issue 30 item 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+import imgcls.train
+from imgcls.data.backends import make_backend
+from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.data.images import CheckedImageFolder
+from imgcls.data.transforms import train_transform, val_transform
+from imgcls.seeding import seeded
+from tests.conftest import compose_config, tiny_overrides
+
+
+def _data(image_folder: Path, *extra: str) -> Any:
+    return compose_config(tiny_overrides(image_folder, "data.num_workers=0", *extra)).data
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_uint8_batches_normalized_on_the_device_equal_worker_normalized_ones(image_folder: Path, split: str) -> None:
+    """Today's images (ToTensor + Normalize in the workers) and the uint8 path (the same crop as uint8, then
+    DeviceNormalize) agree to float rounding, for the augmented train transform (seeded alike) and val."""
+    data = _data(image_folder, "data.augment=randaugment")
+    datamodule = ClassificationDataModule(data, batch_size=8)
+    make = train_transform if split == "train" else val_transform
+    folder = str(image_folder / split)
+    floats = CheckedImageFolder(folder, make(data, None, normalize=True))
+    uint8 = CheckedImageFolder(folder, make(data, None, normalize=False))
+    for index in range(0, len(floats), 5):
+        with seeded(index):
+            expected, label = floats[index]
+        with seeded(index):
+            raw, same_label = uint8[index]
+        assert raw.dtype == torch.uint8 and label == same_label
+        got = datamodule.normalize(raw.unsqueeze(0))[0]
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_the_loader_ships_a_quarter_of_float32s_bytes(image_folder: Path) -> None:
+    data = _data(image_folder)
+    backend = make_backend(data)
+    for split in ("train", "val"):
+        images, labels = next(iter(backend.loader(split, 4, 0, 1, seed=0)))
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert images.element_size() * images.nelement() == 4 * 3 * 32 * 32  # debug=tiny: 32 px, a byte each
+
+
+class BatchSeen(L.Callback):
+    def __init__(self) -> None:
+        self.train: list[tuple[torch.dtype, bool]] = []
+        self.val: list[tuple[torch.dtype, bool]] = []
+
+    @staticmethod
+    def _what(batch: Any) -> tuple[torch.dtype, bool]:
+        images = batch[0]
+        return images.dtype, images.is_contiguous(memory_format=torch.channels_last)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
+        self.train.append(self._what(batch))
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int,
+                                  dataloader_idx: int = 0) -> None:  # fmt: skip
+        self.val.append(self._what(batch))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_run_trains_and_validates_on_normalized_float_batches(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, channels_last: bool
+) -> None:
+    """Lightning calls the DataModule's on_after_batch_transfer for both splits: the network never sees uint8."""
+    seen = BatchSeen()
+    real_build = imgcls.train.build_trainer
+    monkeypatch.setattr(imgcls.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
+        cfg, plan, [seen, *callbacks], loggers))  # fmt: skip
+    overrides = tiny_overrides(image_folder, "recipe.epochs=1", f"model.channels_last={str(channels_last).lower()}")
+    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    assert seen.train and seen.val
+    assert set(seen.train) == set(seen.val) == {(torch.float32, channels_last)}
