@@ -84,3 +84,35 @@ def test_a_run_trains_and_validates_on_normalized_float_batches(
     imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
     assert seen.train and seen.val
     assert set(seen.train) == set(seen.val) == {(torch.float32, channels_last)}
+
+
+def test_synthetic_data_is_one_batch_made_on_the_device_once_per_split() -> None:
+    """NVIDIA's synthetic loader: no per-sample drawing, no copy per step (issue 30 item 2)."""
+    data = compose_config(["data=synthetic", "data.num_classes=10", "data.train_samples=40", "data.val_samples=20",
+                           "model.image_size=16", "model.channels_last=true"]).data  # fmt: skip
+    datamodule = ClassificationDataModule(data, batch_size=8)
+    train, val = datamodule.train_dataloader(), datamodule.val_dataloader()
+    assert (len(train), len(val)) == (5, 3)  # train drops the last partial batch; val keeps it
+    batches = list(train)
+    assert len(batches) == 5 and all(images is batches[0][0] and labels is batches[0][1] for images, labels in batches)
+    images, labels = batches[0]
+    assert images.dtype == torch.float32 and images.shape == (8, 3, 16, 16)
+    assert images.is_contiguous(memory_format=torch.channels_last) and images.device.type == "cpu"
+    assert labels.dtype == torch.int64 and 0 <= int(labels.min()) and int(labels.max()) < 10
+    assert not torch.equal(next(iter(val))[0], images)  # a batch of its own for validation
+    assert datamodule.on_after_batch_transfer(batches[0], 0)[0] is images  # already normalized: passed through
+
+
+def test_synthetic_train_loader_resumes_with_the_steps_its_epoch_had_left() -> None:
+    data = compose_config(["data=synthetic", "data.num_classes=4", "data.train_samples=48", "model.image_size=8"]).data
+    first = ClassificationDataModule(data, batch_size=8).train_dataloader()
+    taken = iter(first)
+    for _ in range(4):
+        next(taken)
+    state = first.state_dict()
+    resumed = ClassificationDataModule(data, batch_size=8).train_dataloader()
+    resumed.load_state_dict(state)
+    assert len(list(resumed)) == 2 and len(list(resumed)) == 6  # the rest of the epoch, then whole epochs
+    at_end = ClassificationDataModule(data, batch_size=8).train_dataloader()
+    at_end.load_state_dict({"consumed_steps": 6})
+    assert len(list(at_end)) == 6

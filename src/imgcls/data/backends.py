@@ -22,7 +22,7 @@ from imgcls.data.images import CheckedImageFolder
 from imgcls.data.samplers import RankSampler, ResumableDataLoader
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
-from imgcls.data.synthetic import SyntheticImages
+from imgcls.data.synthetic import SyntheticBatches
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.distributed import made_once
 from imgcls.errors import ConfigError, DataError
@@ -78,6 +78,7 @@ class TorchvisionBackend:
         image_size: int | None = None,
         augment_magnitude: int | None = None,
         first_epoch: int = 0,  # DALI's; the sampler here draws every epoch's order from (seed, epoch) itself
+        device: Any = None,  # the training device (Lightning copies the batches there)
     ) -> DataLoader:
         dataset = self.dataset(split, image_size, augment_magnitude)
         sampler = self._sampler(dataset, split, batch_size, rank, world_size, seed)
@@ -119,7 +120,8 @@ class ShardBackend(TorchvisionBackend):
 
 
 class SyntheticBackend:
-    """Random tensors; measures the model without any input pipeline (NVIDIA --data-backend synthetic)."""
+    """One batch made on the training device, reused every step (data/synthetic.py); measures the model without any
+    input pipeline (NVIDIA --data-backend synthetic)."""
 
     def __init__(self, cfg: Any) -> None:
         if not cfg.get("num_classes"):
@@ -128,13 +130,19 @@ class SyntheticBackend:
         self.classes = [str(i) for i in range(int(cfg.num_classes))]
         self.bad_images = BadImageLog("skip")  # generated tensors: never a bad file, but the same interface
 
-    def loader(self, split: str, batch_size: int, rank: int, world_size: int, seed: int, **_: Any) -> DataLoader:
+    def loader(
+        self, split: str, batch_size: int, rank: int, world_size: int, seed: int, device: Any = None, **_: Any
+    ) -> SyntheticBatches:
         # Progressive resizing does not apply: synthetic images keep the model's size.
         training = split == "train"
         count = int(self.cfg.get("train_samples" if training else "val_samples") or 1024)
-        dataset = SyntheticImages(count, int(self.cfg.image_size), len(self.classes), seed=1 if training else 2)
-        sampler = RankSampler(count, rank, world_size, shuffle=training, seed=seed, drop_last=training)
-        return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=training)
+        per_rank = count // world_size
+        steps = per_rank // batch_size if training else -(-per_rank // batch_size)  # train drops the last partial
+        return SyntheticBatches(
+            max(steps, 1), batch_size, int(self.cfg.image_size), len(self.classes),
+            seed=seed * 1_000_003 + 2 * rank + (0 if training else 1),  # a fresh batch per split and rank
+            channels_last=bool(self.cfg.get("channels_last")), device=device,
+        )  # fmt: skip
 
 
 def _transform(cfg: Any, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import lightning as L
+import torch
 
 from imgcls.data.backends import make_backend
 from imgcls.data.bad_images import BadImageLog
@@ -57,6 +58,10 @@ class ClassificationDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
+    def _device(self) -> torch.device:
+        """The device this rank trains on: where synthetic batches are made and loaded batches are copied to."""
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
 
@@ -68,7 +73,9 @@ class ClassificationDataModule(L.LightningDataModule):
             # Close this split's stale loader first (its worker processes or DALI pipeline).
             self._close([k for k in self._loaders if k[0] == split])
             extra = {"position": position} if position else {}
-            self._loaders[key] = self.backend.loader(split, batch_size, rank, world, self.seed, **options, **extra)
+            self._loaders[key] = self.backend.loader(
+                split, batch_size, rank, world, self.seed, device=self._device(), **options, **extra
+            )
         return self._loaders[key]
 
     def _close(self, keys: list[tuple]) -> None:

@@ -131,6 +131,7 @@ class DaliBackend:
         with_crop_shape: bool = False,
         first_epoch: int = 0,
         position: dict[str, Any] | None = None,
+        device: Any = None,  # the training device: DALI's pipelines place their output on device_id themselves
     ) -> DaliLoader:
         """`first_epoch`: the epoch this loader starts at when it is built for a later epoch than the run's first
         (progressive resizing): its list order and pipeline seed derive from it (seeding.dali_pipeline_seed).
