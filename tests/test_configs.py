@@ -216,7 +216,7 @@ def test_groups_offer_the_documented_options() -> None:
         "efficientnet_widese_b4",
     }
     assert set(PRECISIONS) == {"amp", "bf16", "tf32", "fp32"}
-    assert set(HARDWARE) == {"dgx1v", "dgx1v_32g", "dgx2v", "dgxa100", "t4", "cpu"}
+    assert set(HARDWARE) == {"auto", "dgx1v", "dgx1v_32g", "dgx2v", "dgxa100", "t4", "cpu"}
     assert set(RECIPES) == {"50e", "90e", "250e", "efficientnet", "tf1_90e", "tf1_250e", "tf2_efficientnet",
                             "tf2_efficientnet_stagewise", "qat", "qat_efficientnet_b0",
                             "qat_efficientnet_b4"}  # fmt: skip

@@ -23,6 +23,7 @@ from omegaconf.errors import MissingMandatoryValue
 from imgcls.config import options
 from imgcls.config_checks import EVALUATE, TRAIN, Check, check_config
 from imgcls.errors import ConfigError, UserError
+from imgcls.hardware import resolve_auto_hardware
 from imgcls.log_setup import route_library_logs
 from imgcls.rundir import launch_overrides, task_name
 
@@ -120,6 +121,7 @@ def refuse_in_process_ddp_sweep(cfg: DictConfig) -> None:
         return
     from imgcls.plan import world_size_of  # torch: only for a multirun
 
+    resolve_auto_hardware(cfg)  # hardware=auto on an 8-GPU machine is 8 devices, not the 1 of its unresolved node
     try:
         world_size = world_size_of(cfg.trainer, check_devices=False)
     except UserError:
@@ -158,11 +160,16 @@ def _function(target: str) -> Callable[[DictConfig], Any]:
 
 def run_mode(modes: dict[str, str], cfg: DictConfig, table: dict[str, Check]) -> Any:
     """Run the function of cfg.mode. Each one checks the config itself first; checking it here too (without
-    repeating warnings) reports a bad value before torch is imported, with the same line."""
+    repeating warnings) reports a bad value before torch is imported, with the same line.
+
+    hardware=auto is resolved right after that check, not before: resolving imports torch (CUDA's query), and
+    the unresolved node (cpu's values) passes the same checks as any profile; each mode checks the resolved
+    config again. Resolving here once logs the choice once, before the mode's imports."""
     mode = str(cfg.get("mode") or next(iter(modes)))
     if mode not in modes:
         raise ConfigError(f"mode={mode} is not allowed; use {' or '.join(modes)}")
     check_config(cfg, table, warn=False)
+    resolve_auto_hardware(cfg)  # nothing for evaluate's config, which has no hardware profile
     return _function(modes[mode])(cfg)
 
 

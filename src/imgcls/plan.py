@@ -25,6 +25,7 @@ from imgcls.config_checks import check_config
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
+from imgcls.hardware import resolve_auto_hardware
 from imgcls.published_throughput import scaled_hours, throughput
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
 
@@ -188,7 +189,9 @@ def train_images(data_cfg: Any) -> tuple[int | None, str]:
 
 def describe(cfg: DictConfig) -> dict[str, Any]:
     """`mode=plan`: the resolved run for any machine (an 8-GPU plan on a laptop), without opening an image,
-    building a network or touching a GPU."""
+    building a network or touching a GPU. hardware=auto plans for this machine's GPUs (torch.cuda's device
+    queries only: cheap, and nothing is built on a GPU); a named profile plans for its own machine."""
+    auto = resolve_auto_hardware(cfg)
     check_config(cfg)
     plan = resolve_plan(cfg, check_devices=False)
     recipe = cfg.recipe
@@ -197,7 +200,9 @@ def describe(cfg: DictConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "model": str(cfg.model.name), "arch": str(cfg.model.arch), "image_size": int(cfg.model.image_size),
         "val_resize": val_resize_size(cfg.data, int(cfg.data.image_size)),  # shorter side before the centre crop
-        "hardware": str(cfg.hardware.name), "precision": str(cfg.precision.name), "data.backend": str(cfg.data.backend),
+        "hardware": str(cfg.hardware.name), **({"hardware_auto": auto} if auto else {}),
+        "accelerator": str(cfg.trainer.accelerator),  # which device the run trains on: a GPU profile or the CPU
+        "precision": str(cfg.precision.name), "data.backend": str(cfg.data.backend),
         "recipe": str(recipe.name), "epochs": epochs, "optimizer": str(recipe.optimizer),
         "schedule": str(recipe.get("schedule") or "cosine"), "warmup_epochs": float(recipe.warmup_epochs),
         **plan.as_dict(), "train_images": images, "train_images_from": source,

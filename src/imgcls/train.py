@@ -12,6 +12,7 @@ from imgcls.callbacks.preemption import preemption_signals, requeue_by
 from imgcls.checkpoint import check_resumable, check_writable, requeued_checkpoint, resolve_ckpt_path
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.hardware import resolve_auto_hardware
 from imgcls.loggers import build_loggers, close_loggers
 from imgcls.models.trained import preprocessing_of
 from imgcls.module import ClassificationModule
@@ -33,7 +34,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig) -> dict[str, float]:
-    # 1. Check: every value once, before anything is built or written (one line per bad value).
+    # 1. Check: every value once, before anything is built or written (one line per bad value), of the profile
+    # that fits this machine (hardware=auto: checked and planned as the profile it stands for).
+    resolve_auto_hardware(cfg)
     check_config(cfg)
 
     # 2. Plan: batch per device, accumulation, LR and WD from the recipe and the hardware profile.

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from imgcls.hardware import hardware_for
 from imgcls.published_throughput import THROUGHPUT
 
 ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding train.py
@@ -58,16 +59,6 @@ class Check:
 
     def command(self) -> str:
         return shlex.join(["python", "train.py", *self.overrides])
-
-
-def hardware_for(gpu_name: str, memory_gib: float) -> str:
-    """The hardware profile (conf/hardware) whose batch table fits this GPU."""
-    name = gpu_name.upper()
-    if "V100" in name:
-        return "dgx1v_32g" if memory_gib > 20 else "dgx1v"
-    if "T4" in name:
-        return "t4"
-    return "dgxa100"  # A100, H100 and newer: the largest table NVIDIA published
 
 
 def plan(hardware: str, gpus: int, data_root: str, steps: int, run_root: str) -> list[Check]:

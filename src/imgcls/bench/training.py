@@ -25,6 +25,7 @@ from imgcls.callbacks.order import training_callbacks
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
+from imgcls.hardware import resolve_auto_hardware
 from imgcls.module import ClassificationModule
 from imgcls.plan import resolve_plan
 from imgcls.storage import write_json_atomic
@@ -106,6 +107,7 @@ class BenchmarkTimer(L.Callback):
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    resolve_auto_hardware(cfg)  # hardware=auto: the profile of this machine's GPUs, timed as it would train
     check_config(cfg)
     bench = cfg.get("benchmark") or {}
     warmup, iterations = int(bench.get("warmup", 10)), int(bench.get("iterations", 50))
