@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
@@ -20,6 +19,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from imgcls.choices import MIXUP_MODES
 from imgcls.errors import ConfigError
+from imgcls.mixup import DeviceMixup
 from imgcls.models import build_network
 from imgcls.optimizer import build_optimizer, parameter_groups
 from imgcls.scheduler import recipe_scheduler
@@ -245,16 +245,17 @@ class _ns(dict):
         return _ns(copy.deepcopy(dict(self), memo))
 
 
-def _build_mixup(recipe: Any, num_classes: int) -> Mixup | None:
+def _build_mixup(recipe: Any, num_classes: int) -> DeviceMixup | None:
     mixup, cutmix = float(recipe.mixup or 0), float(recipe.cutmix or 0)
     if not (mixup or cutmix):
         return None
     # Partner = the flipped batch; recipe.mixup_mode: one lambda per batch (NVIDIA PyTorch) or per sample
-    # (NVIDIA TF1 and TF2), timm's "batch" / "elem"; smoothing on the targets.
+    # (NVIDIA TF1 and TF2), timm's "batch" / "elem"; smoothing on the targets. timm's "elem" waits for the GPU at
+    # every step (imgcls/mixup.py): DeviceMixup draws and mixes per sample on the device, and is timm's otherwise.
     mode = str(recipe.mixup_mode)
     if mode not in MIXUP_MODES:
         raise ConfigError(f"recipe.mixup_mode={mode} is not supported; allowed: {', '.join(MIXUP_MODES)}")
-    return Mixup(
+    return DeviceMixup(
         mixup_alpha=mixup,
         cutmix_alpha=cutmix,
         label_smoothing=float(recipe.label_smoothing),
