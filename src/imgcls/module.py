@@ -126,9 +126,16 @@ class ClassificationModule(L.LightningModule):
             images, labels, targets = self._mix(images, labels)
         loss = self.train_criterion(self(images), targets)
         # Not prog_bar: Lightning turns progress-bar metrics into Python numbers every batch (a host sync per
-        # step on a GPU). The loss reaches the loggers every trainer.log_every_n_steps and report.json.
-        self.log("train.loss", loss, on_step=True, on_epoch=False, batch_size=len(labels))
+        # step on a GPU). Logged only on the steps Lightning writes to the loggers (trainer.log_every_n_steps):
+        # self.log is the costliest host work of the step (docs/benchmarks.md), and other steps' values go unread.
+        # report.json and the NaN check take every step's loss from the returned dict.
+        if self._logs_this_step():
+            self.log("train.loss", loss, on_step=True, on_epoch=False, batch_size=len(labels))
         return {"loss": loss, "loss_value": loss.detach()}
+
+    def _logs_this_step(self) -> bool:
+        trainer = self._trainer
+        return trainer is None or trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
 
     def _mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """timm's Mixup pairs each sample with its mirror in the batch and asserts an even size, which a
@@ -161,7 +168,7 @@ class ClassificationModule(L.LightningModule):
             self.ema.update(self.net, step=self.global_step)
         # Only on the steps Lightning writes to the loggers (as its LearningRateMonitor does): self.log makes
         # a device tensor of a float, a host-to-device copy that waits for the GPU's queue.
-        if self.trainer._logger_connector.should_update_logs:
+        if self._logs_this_step():
             optimizer = self.trainer.optimizers[0]
             self.log("train.lr", optimizer.param_groups[-1]["lr"], on_step=True, on_epoch=False)
 

@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 class FiniteLoss(L.Callback):
     """Non-finite losses, found without a host sync per step, and never in a saved checkpoint.
 
-    Every micro-batch only queues device ops: the first non-finite loss (its step and value) is kept in
-    device tensors. The host reads them (one sync) every `every_n_steps` optimizer steps, before every
+    Every micro-batch only keeps a reference to its loss (and, with a loss scaler, each optimizer step one
+    comparison): no kernel, no sync. The host reads them (one sync) every `every_n_steps` optimizer steps, before every
     checkpoint save (on_save_checkpoint, on every rank, with a check that every floating weight and buffer
     is finite), and at each epoch's end. So a NaN can reach the weights for at most `every_n_steps` steps,
     and never a checkpoint: the save is refused and the run stops naming the step of the first bad loss.
@@ -44,7 +44,7 @@ class FiniteLoss(L.Callback):
         self.every_n_steps = every_n_steps
         self.max_consecutive_overflows = max_consecutive_overflows
         self.skipped_steps = 0  # as of the last check
-        self._dev: dict[str, torch.Tensor] = {}
+        self._device: torch.device | None = None  # set at the first step: nothing to check before
         self._where: dict[int, tuple[int, int, float]] = {}  # step -> (epoch, batch, lr) since the last check
         self._batch_step = 0
         self._scale_before: torch.Tensor | None = None
@@ -55,17 +55,13 @@ class FiniteLoss(L.Callback):
         return scaler if scaler is not None and scaler.is_enabled() else None
 
     def _reset(self, device: torch.device) -> None:
-        def full(value: float, dtype: torch.dtype) -> torch.Tensor:
-            return torch.full((), value, dtype=dtype, device=device)
-
-        self._dev = {
-            "bad_step": full(-1, torch.int64),  # first step with a non-finite loss (-1: none)
-            "bad_loss": full(0.0, torch.float32),
-            "skipped": full(0, torch.int64),  # optimizer steps the scaler skipped
-            "run": full(0, torch.int64),  # ... in a row, now
-            "max_run": full(0, torch.int64),  # ... in a row, the longest since the last check
-            "last_loss": full(0.0, torch.float32),  # the unscaled loss of the last micro-batch (fp16)
-        }
+        # Each step only keeps references to device tensors (no kernel, no host work beyond an append); check()
+        # reads them all in its one sync. Per-step device arithmetic here cost ~5 kernels a step.
+        self._device = device
+        self._losses: list[tuple[int, torch.Tensor]] = []  # (step, loss) of each micro-batch since the last check
+        self._overflows: list[torch.Tensor] = []  # per optimizer step with a loss scaler: did it skip (bool)?
+        self._last_loss: torch.Tensor | None = None  # the unscaled loss of the last micro-batch (fp16)
+        self._run = 0  # skipped steps in a row, as of the last check
         self._where = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -85,52 +81,63 @@ class FiniteLoss(L.Callback):
     ) -> None:
         scaler = self._scaler(trainer)
         if scaler is not None and scaler._scale is not None:  # noqa: SLF001 - the device tensor get_scale() syncs on
-            self._scale_before = scaler._scale.detach().clone()  # noqa: SLF001
+            self._scale_before = scaler._scale.clone()  # noqa: SLF001 - no grad: no detach (a dispatch)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._dev:
+        if self._device is None:
             self._reset(pl_module.device)
-        d = self._dev
         loss = outputs.get("loss_value", outputs.get("loss")) if isinstance(outputs, dict) else outputs
         scaler = self._scaler(trainer)
         if loss is not None:
-            loss = loss.detach().float().reshape(-1)[0].to(d["bad_loss"].device)
-            bad = ~torch.isfinite(loss)
             if scaler is not None:
-                d["last_loss"] = loss  # a device tensor: the message reports it only when the run stops
+                self._last_loss = loss  # reported only when the run stops; a non-finite fp16 loss is a skipped step
             else:
-                first = bad & (d["bad_step"] < 0)
-                d["bad_step"] = torch.where(first, self._batch_step, d["bad_step"])
-                d["bad_loss"] = torch.where(first, loss, d["bad_loss"])
+                # The module's loss_value is detached already; another's loss would hold its graph until the check.
+                self._losses.append((self._batch_step, loss.detach() if loss.requires_grad else loss))
         if trainer.global_step == self._batch_step:
             return  # inside an accumulation window
         if scaler is not None and self._scale_before is not None:
             overflowed = getattr(scaler, "overflowed", None)  # a static scale (precision.py StaticGradScaler)
             if overflowed is None:
                 overflowed = scaler._scale < self._scale_before  # noqa: SLF001 - a dynamic scale halves on a skip
-            skipped = overflowed.to(torch.int64)
-            d["skipped"] = d["skipped"] + skipped
-            d["run"] = (d["run"] + 1) * skipped
-            d["max_run"] = torch.maximum(d["max_run"], d["run"])
+            self._overflows.append(overflowed)
             self._scale_before = None
         if trainer.global_step % self.every_n_steps == 0:
             self.check(trainer, pl_module)
 
     def check(self, trainer: L.Trainer, pl_module: L.LightningModule, weights: dict[str, Any] | None = None) -> None:
-        """The one host sync: read the device flags (and with `weights`, a state dict, that its floating tensors
-        are finite), agree over ranks, raise TrainingError if any rank saw a fault."""
-        if not self._dev:
+        """The one host sync: read the losses and overflow flags kept since the last check (and with `weights`, a
+        state dict, that its floating tensors are finite), agree over ranks, raise TrainingError if any rank saw a
+        fault."""
+        if self._device is None:
             return
-        d = self._dev
-        flags = [d["bad_step"].float(), d["bad_loss"], d["skipped"].float(), d["max_run"].float(), d["last_loss"]]
-        finite = torch.ones((), dtype=torch.bool, device=d["bad_loss"].device)
+        device = self._device
+        finite = torch.ones((), dtype=torch.bool, device=device)
         if weights is not None:
             tensors = [t for t in weights.values() if torch.is_tensor(t) and t.is_floating_point()]
             if tensors:
-                finite = torch.stack([torch.isfinite(t).all().to(finite.device) for t in tensors]).all()
-        bad_step, bad_loss, skipped, max_run, last_loss, ok = torch.stack([*flags, finite.float()]).tolist()
+                finite = torch.stack([torch.isfinite(t).all().to(device) for t in tensors]).all()
+        losses, overflows = self._losses, self._overflows
+        last = self._last_loss if self._last_loss is not None else torch.zeros((), device=device)
+        parts = [finite.float().reshape(1), last.detach().float().reshape(1).to(device)]
+        parts += [torch.stack([loss.float().reshape(()) for _, loss in losses]).to(device)] if losses else []
+        parts += [torch.stack([flag.reshape(()) for flag in overflows]).float().to(device)] if overflows else []
+        values = torch.cat(parts).tolist()
+        ok, last_loss = values[0] == 1.0, values[1]
+        loss_values, flags = values[2 : 2 + len(losses)], values[2 + len(losses) :]
+        bad_step, bad_loss = -1, 0.0
+        for (step, _), value in zip(losses, loss_values):
+            if not math.isfinite(value):
+                bad_step, bad_loss = step, value
+                break
+        skipped, run, max_run = 0, self._run, self._run
+        for flag in flags:
+            run = run + 1 if flag else 0
+            skipped += bool(flag)
+            max_run = max(max_run, run)
+        self._losses, self._overflows, self._run = [], [], run
         fault = bad_step >= 0 or max_run >= self.max_consecutive_overflows or not ok
         where = ""
         # Any rank's fault stops every rank (the others would wait in the next collective), and every rank
@@ -142,9 +149,7 @@ class FiniteLoss(L.Callback):
             where = f" on rank {rank}"
         elif trainer.world_size > 1:
             fault = False
-        self._set_skipped(trainer, pl_module, int(skipped))
-        d["skipped"].zero_()
-        d["max_run"].copy_(d["run"])
+        self._set_skipped(trainer, pl_module, skipped)
         if not fault:
             self._where = {s: w for s, w in self._where.items() if s >= trainer.global_step}
             return

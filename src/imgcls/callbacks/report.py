@@ -29,15 +29,14 @@ class ReportCallback(L.Callback):
         self.extra: dict[str, Any] = {}
         self.train = StepTimer()
         self.val = StepTimer()
-        self._loss_sum: torch.Tensor | float = 0.0  # a device tensor: no host sync per training step
-        self._loss_count = 0
+        self._losses: list[torch.Tensor] = []  # each step's loss, on the device: summed once an epoch, no kernel a step
         self._epoch_written = -1
         self.counters: dict[str, int] = {}  # running totals other callbacks keep (train.amp_skipped_steps)
 
     # --- training -------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.train.reset()
-        self._loss_sum, self._loss_count = 0.0, 0
+        self._losses = []
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -49,8 +48,7 @@ class ReportCallback(L.Callback):
     ) -> None:
         self.train.batch_ended(len(batch[1]), pl_module.device)
         if isinstance(outputs, dict) and "loss_value" in outputs:
-            self._loss_sum = self._loss_sum + outputs["loss_value"].detach().float()
-            self._loss_count += 1
+            self._losses.append(outputs["loss_value"])
 
     # --- validation -----------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -85,8 +83,10 @@ class ReportCallback(L.Callback):
     # --- the report -----------------------------------------------------------------------------
     def _finish_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, with_val: bool) -> None:
         epoch = trainer.current_epoch
-        loss_sum = torch.as_tensor(self._loss_sum, dtype=torch.float32, device=pl_module.device).reshape(())
-        loss = torch.stack([loss_sum, torch.tensor(float(self._loss_count), device=pl_module.device)])
+        losses = self._losses
+        loss_sum = torch.stack([x.float().reshape(()) for x in losses]).sum() if losses else torch.zeros(())
+        count = torch.tensor(float(len(losses)))
+        loss = torch.stack([loss_sum.to(pl_module.device), count.to(pl_module.device)])
         loss = trainer.strategy.reduce(loss, reduce_op="sum")
         row: dict[str, Any] = {"epoch": epoch, "step": trainer.global_step}
         if loss[1] > 0:

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from imgcls.data.bad_images import equal_step_counts
-from imgcls.seeding import sample_seed
+from imgcls.seeding import sample_seeds
 
 
 class RankSampler(Sampler[Any]):
@@ -60,9 +60,8 @@ class RankSampler(Sampler[Any]):
     def __iter__(self) -> Iterator[Any]:
         indices = self._indices()[self._skip :]
         self._skip = 0
-        if self.per_sample_seeds:  # lazily: the DataLoader takes indices as its workers need them
-            seed, epoch = self.seed, self.epoch
-            return ((i, sample_seed(seed, epoch, i)) for i in indices)
+        if self.per_sample_seeds:  # the epoch's seeds in one vectorized pass, not a Python call per sample
+            return zip(indices, sample_seeds(self.seed, self.epoch, indices).tolist())
         return iter(indices)
 
     def __len__(self) -> int:

@@ -1,0 +1,181 @@
+"""`python -m imgcls.bench.overhead [OVERRIDES...]`: the host time a training step costs in imgcls's loop against a
+bare PyTorch loop, over the same network and the same batch on the device.
+
+The bare loop is what a user would write: forward, loss, backward, optimizer step, scheduler step, with autocast
+and a GradScaler under precision=amp, and no host sync. imgcls's loop is `mode=benchmark` (the real Trainer, module,
+callbacks and data module; data=synthetic: one batch on the device). Each loop runs `--repeats` times, alternating,
+and the table shows the median ms a step and the spread. On a GPU the timing waits for the device at the ends
+only, so a loop whose host work per step exceeds the device's shows it; the device ms a step come from CUDA events.
+
+The default network is timm's `test_resnet` at 8 px, batch 8, fp32 on the CPU: its compute is a few ms, so the
+host work of the loop around it shows. `--profile N` prints imgcls's N costliest functions (cProfile, own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import math
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+DEFAULTS = (
+    "mode=benchmark", "data=synthetic", "hardware=cpu", "precision=fp32", "model=resnet18", "model.arch=test_resnet",
+    "model.image_size=8", "data.batch_size=8", "recipe.global_batch_size=8", "data.num_classes=10",
+    "logger=none", "callbacks.progress_bar=none", "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+)  # fmt: skip
+
+
+def compose(overrides: list[str], steps: int, warmup: int, run_dir: str) -> DictConfig:
+    from imgcls.config import compose_config
+
+    cfg = compose_config("train", [*DEFAULTS, f"benchmark.iterations={steps}", f"benchmark.warmup={warmup}",
+                                   *overrides])  # fmt: skip
+    with open_dict(cfg):
+        cfg.run_dir = run_dir
+    return cfg
+
+
+def imgcls_loop(cfg: DictConfig) -> dict[str, float]:
+    """ms a step of imgcls's mode=benchmark (its own timer: from the end of the warm-up to the device's end)."""
+    from imgcls.bench.training import run
+
+    with contextlib.redirect_stdout(io.StringIO()):  # its JSON document; the table below has the numbers
+        metrics = run(cfg)
+    batch = _batch_size(cfg)
+    return {
+        "host_ms": 1000 * batch / metrics["train.total_ips"],
+        "device_ms": 1000 * batch / metrics["train.compute_ips"],
+    }
+
+
+def _batch_size(cfg: DictConfig) -> int:
+    from imgcls.plan import resolve_plan
+
+    return resolve_plan(cfg).per_device_batch
+
+
+def bare_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
+    """The same network, optimizer and schedule as imgcls builds them, in a plain loop over the same batch."""
+    from imgcls.data.datamodule import ClassificationDataModule
+    from imgcls.module import ClassificationModule
+    from imgcls.optimizer import build_optimizer, parameter_groups
+    from imgcls.plan import resolve_plan
+    from imgcls.scheduler import build_scheduler
+
+    plan = resolve_plan(cfg)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    device = torch.device("cuda" if str(cfg.trainer.accelerator) in ("gpu", "cuda") else "cpu")
+    datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
+    module = ClassificationModule(resolved["model"], resolved["recipe"], plan.as_dict(), datamodule.classes)
+    net = module.net.to(device)
+    if cfg.get("compile"):
+        net.compile()
+    images, labels = datamodule.backend.loader("train", plan.per_device_batch, 0, 1, 0, device=device).batch()
+    optimizer = build_optimizer(parameter_groups(net, plan.weight_decay), module.recipe, plan.lr)
+    scheduler = build_scheduler(optimizer, total_steps=steps + warmup, warmup_steps=0, end_lr=0.0)
+    precision = str(cfg.precision.name)
+    half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    if half is torch.float16 and device.type == "cpu" and not cfg.precision.get("cpu_fp16"):
+        half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=half is torch.float16)
+    criterion = torch.nn.CrossEntropyLoss()
+    timings: list[float] = []
+    start = end = None
+    for step in range(steps + warmup):
+        if step == warmup:
+            _wait(device)
+            started = time.perf_counter()
+            if device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+        with torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None):
+            loss = criterion(net(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step_update(num_updates=step + 1)
+    if device.type == "cuda":
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+    _wait(device)
+    timings.append(time.perf_counter() - started)
+    device_ms = start.elapsed_time(end) / steps if start is not None and end is not None else math.nan
+    return {"host_ms": 1000 * timings[0] / steps, "device_ms": device_ms}
+
+
+def _wait(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile(cfg: DictConfig, top: int) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    imgcls_loop(cfg)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def table(results: dict[str, list[dict[str, float]]], cfg: DictConfig, steps: int) -> str:
+    def cell(rows: list[dict[str, float]], key: str) -> str:
+        values = [r[key] for r in rows if not math.isnan(r[key])]
+        if not values:
+            return "-"
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    bare = statistics.median(r["host_ms"] for r in results["bare PyTorch loop"])
+    lines = [
+        f"{cfg.model.arch} @{cfg.model.image_size} px, batch {_batch_size(cfg)}, precision={cfg.precision.name}, "
+        f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results['bare PyTorch loop'])} runs",
+        "| loop | ms a step, median (min-max) | device ms a step | extra host ms over the bare loop |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, rows in results.items():
+        extra = statistics.median(r["host_ms"] for r in rows) - bare
+        lines.append(f"| {name} | {cell(rows, 'host_ms')} | {cell(rows, 'device_ms')} | {extra:+.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m imgcls.bench.overhead", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="timed steps a run")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print imgcls's N costliest functions")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: host time, not core contention)")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. precision=amp model=resnet50")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="imgcls-overhead-") as run_dir:
+        cfg = compose(args.overrides, args.steps, args.warmup, run_dir)
+        from imgcls.hardware import resolve_auto_hardware
+
+        resolve_auto_hardware(cfg)
+        results: dict[str, list[dict[str, float]]] = {"bare PyTorch loop": [], "imgcls (mode=benchmark)": []}
+        for _ in range(args.repeats):
+            results["bare PyTorch loop"].append(bare_loop(cfg, args.steps, args.warmup))
+            results["imgcls (mode=benchmark)"].append(imgcls_loop(cfg))
+        print(table(results, cfg, args.steps))
+        if args.profile:
+            print(profile(cfg, args.profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

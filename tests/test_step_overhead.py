@@ -1,0 +1,124 @@
+"""The host work imgcls adds to a training step (issue 30 item 3): no per-sample Python call in the main process,
+no kernel a step from the callbacks, self.log only on the steps Lightning writes; bench.overhead's table."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import imgcls.train
+from imgcls.bench import overhead
+from imgcls.callbacks.finite_loss import FiniteLoss
+from imgcls.callbacks.report import ReportCallback
+from imgcls.data.samplers import RankSampler
+from imgcls.module import ClassificationModule
+from imgcls.seeding import sample_seed, sample_seeds
+from tests.conftest import compose_config, tiny_overrides
+
+
+def test_an_epochs_seeds_made_at_once_equal_the_per_sample_function() -> None:
+    indices = np.random.default_rng(1).permutation(5000)
+    for seed, epoch in ((0, 0), (12345, 7), (2**40 + 3, 999)):
+        assert sample_seeds(seed, epoch, indices).tolist() == [sample_seed(seed, epoch, int(i)) for i in indices]
+
+
+def test_the_sampler_hands_out_each_samples_seed_without_a_call_per_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler = RankSampler(100, rank=1, world_size=2, shuffle=True, seed=5, drop_last=True, per_sample_seeds=True)
+    sampler.set_epoch(3)
+    expected = [(i, sample_seed(5, 3, i)) for i in sampler._indices()]
+    monkeypatch.setattr("imgcls.seeding.sample_seed", lambda *args: pytest.fail("a Python call per sample"))
+    assert list(sampler) == expected
+
+
+class KernelCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class StepKernels(L.Callback):
+    """Counts the tensor ops FiniteLoss and the report run in their per-step hooks, per optimizer step."""
+
+    def __init__(self) -> None:
+        self.ops: dict[int, list[str]] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for callback in trainer.callbacks:
+            if isinstance(callback, (FiniteLoss, ReportCallback)):
+                for hook in ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"):
+                    setattr(callback, hook, self._counted(trainer, getattr(callback, hook)))
+
+    def _counted(self, trainer: L.Trainer, hook: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            step = trainer.global_step
+            with KernelCount() as mode:
+                result = hook(*args, **kwargs)
+            self.ops.setdefault(step, []).extend(mode.ops)
+            return result
+
+        return counted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "amp"])
+def test_the_callbacks_run_no_kernel_a_step_but_their_checks(
+    precision: str, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FiniteLoss and the report keep references to each step's loss; the check every K steps reads them. With a
+    loss scaler, each optimizer step costs FiniteLoss two ops (the scale's copy and the comparison)."""
+    counter = StepKernels()
+    real_build = imgcls.train.build_trainer
+    monkeypatch.setattr(imgcls.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
+        cfg, plan, [*callbacks, counter], loggers))  # fmt: skip
+    extra = ["precision=amp", "precision.cpu_fp16=true"] if precision == "amp" else []
+    # 6 batches an epoch, 2 epochs: checks after steps 10 (every K = 10) and at the epoch ends (6, 12)
+    imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.epochs=2", *extra), run_dir=tmp_path))
+    allowed = 2 if precision == "amp" else 0
+    per_step = {step: len(ops) for step, ops in counter.ops.items() if step not in (6, 10, 12)}
+    assert len(per_step) >= 8 and max(per_step.values()) <= allowed, {s: counter.ops[s] for s in per_step}
+
+
+@pytest.mark.slow
+def test_train_loss_and_lr_are_logged_only_on_the_steps_lightning_writes(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logged: Counter[str] = Counter()
+    real_log = ClassificationModule.log
+
+    def log(self: ClassificationModule, name: str, *args: Any, **kwargs: Any) -> None:
+        if self.trainer.training:
+            logged[name] += 1
+        real_log(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(ClassificationModule, "log", log)
+    overrides = tiny_overrides(image_folder, "recipe.epochs=2", "trainer.log_every_n_steps=4", "logger=csv")
+    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    # 12 steps: Lightning writes at steps 4, 8, 12 (and the last step of the run, when it stops)
+    assert logged["train.loss"] == logged["train.lr"] and 3 <= logged["train.loss"] <= 4, logged
+    metrics = (tmp_path / "csv").rglob("metrics.csv")
+    rows = [line for path in metrics for line in path.read_text().splitlines()[1:]]
+    assert sum(1 for row in rows if re.match(r"^[^,]*\d", row)) >= 3  # the loggers still get train.loss rows
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytest.CaptureFixture[str]) -> None:
+    assert overhead.main(["--steps", "6", "--warmup", "2", "--repeats", "1"]) == 0
+    table = capsys.readouterr().out
+    row = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \|$", re.M)
+    rows = {m[1]: (float(m[2]), float(m[3])) for m in row.finditer(table)}
+    assert set(rows) == {"bare PyTorch loop", "imgcls (mode=benchmark)"}
+    bare, imgcls_ms = rows["bare PyTorch loop"][0], rows["imgcls (mode=benchmark)"][0]
+    assert (
+        bare > 0 and imgcls_ms > 0 and rows["imgcls (mode=benchmark)"][1] == pytest.approx(imgcls_ms - bare, abs=0.02)
+    )
