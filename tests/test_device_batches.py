@@ -12,6 +12,7 @@ import torch
 import imgcls.train
 from imgcls.data.backends import make_backend
 from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.data.device_prefetch import copier_for, one_batch_ahead
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.seeding import seeded
@@ -116,3 +117,55 @@ def test_synthetic_train_loader_resumes_with_the_steps_its_epoch_had_left() -> N
     at_end = ClassificationDataModule(data, batch_size=8).train_dataloader()
     at_end.load_state_dict({"consumed_steps": 6})
     assert len(list(at_end)) == 6
+
+
+class RecordingCopier:
+    """A CPU stand-in for data/device_prefetch.CudaCopies that records the order of copies and hand-overs."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self._staged = 0
+
+    def stage(self, batch: Any) -> tuple[Any, int]:
+        self._staged += 1
+        self.events.append(("stage", self._staged))
+        return batch, self._staged
+
+    def hand_over(self, staged: tuple[Any, int]) -> Any:
+        self.events.append(("hand over", staged[1]))
+        return staged[0]
+
+
+def test_each_batch_is_staged_before_the_previous_one_is_handed_over() -> None:
+    copier = RecordingCopier()
+    out = list(one_batch_ahead(iter([("a", 1), ("b", 2), ("c", 3)]), copier.stage, copier.hand_over))
+    assert out == [("a", 1), ("b", 2), ("c", 3)]
+    assert copier.events == [("stage", 1), ("stage", 2), ("hand over", 1), ("stage", 3), ("hand over", 2),
+                             ("hand over", 3)]  # fmt: skip
+
+
+def test_a_loader_copying_ahead_saves_the_position_of_the_batch_the_trainer_has(image_folder: Path) -> None:
+    """The side-stream copy takes batch N+1 from the workers during step N; a checkpoint after step N must still
+    resume at N+1, with the same batches as an uninterrupted epoch (bitwise)."""
+    data = _data(image_folder)
+    plain = make_backend(data).loader("train", 4, 0, 1, seed=3)
+    ahead = make_backend(data).loader("train", 4, 0, 1, seed=3)
+    ahead.copier = RecordingCopier()
+    whole = list(plain)
+    states, taken = [], []
+    for batch in ahead:
+        taken.append(batch)
+        states.append(ahead.state_dict())
+    assert len(taken) == len(whole) == 12 and all(torch.equal(a[0], b[0]) for a, b in zip(taken, whole))
+    assert [s["consumed"] for s in states] == [4 * (k + 1) for k in range(12)]
+    resumed = make_backend(data).loader("train", 4, 0, 1, seed=3)
+    resumed.copier = RecordingCopier()
+    resumed.load_state_dict(states[4])  # a checkpoint after the 5th step
+    rest = list(resumed)
+    assert len(rest) == 7 and all(torch.equal(a[0], b[0]) for a, b in zip(rest, whole[5:]))
+
+
+def test_a_loader_copies_ahead_only_to_a_cuda_device(image_folder: Path) -> None:
+    backend = make_backend(_data(image_folder))
+    assert backend.loader("train", 4, 0, 1, seed=0, device=torch.device("cpu")).copier is None
+    assert copier_for(None) is None and copier_for(torch.device("cpu")) is None

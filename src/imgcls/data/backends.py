@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
+from imgcls.data.device_prefetch import copier_for
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
@@ -82,8 +83,8 @@ class TorchvisionBackend:
     ) -> DataLoader:
         dataset = self.dataset(split, image_size, augment_magnitude)
         sampler = self._sampler(dataset, split, batch_size, rank, world_size, seed)
-        sink = self._bad_sample_sink()
-        return _dataloader(dataset, sampler, batch_size, self.cfg, drop_last=split == "train", bad_images=sink)
+        sink, copier = self._bad_sample_sink(), copier_for(device)
+        return _dataloader(dataset, sampler, batch_size, self.cfg, split == "train", bad_images=sink, copier=copier)
 
 
 class ShardBackend(TorchvisionBackend):
@@ -153,7 +154,13 @@ def _transform(cfg: Any, split: str, image_size: int | None, augment_magnitude: 
 
 
 def _dataloader(
-    dataset: Any, sampler: RankSampler, batch_size: int, cfg: Any, drop_last: bool, bad_images: Any = None
+    dataset: Any,
+    sampler: RankSampler,
+    batch_size: int,
+    cfg: Any,
+    drop_last: bool,
+    bad_images: Any = None,
+    copier: Any = None,
 ) -> DataLoader:
     workers = int(cfg.num_workers)
     return ResumableDataLoader(  # stateful: Lightning resumes it mid-epoch
@@ -167,6 +174,7 @@ def _dataloader(
         prefetch_factor=int(cfg.prefetch_factor) if workers > 0 else None,
         collate_fn=collate_dropping_bad,
         bad_images=bad_images,
+        copier=copier,
         # Its own generator: creating an iterator then draws no number from the global torch RNG, so a run
         # resumed mid-epoch (one extra iter()) keeps the same random stream as an uninterrupted one.
         generator=torch.Generator().manual_seed(int(sampler.seed)),

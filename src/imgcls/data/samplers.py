@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from imgcls.data.bad_images import equal_step_counts
+from imgcls.data.device_prefetch import one_batch_ahead
 from imgcls.seeding import sample_seeds
 
 
@@ -94,16 +95,24 @@ class ResumableDataLoader(DataLoader):
     (images, labels, bad samples); bad samples go to `bad_images` here, in the main process.
     """
 
-    def __init__(self, *args: Any, bad_images: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, bad_images: Any = None, copier: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bad_images = bad_images
-        self._consumed = 0  # samples of the current epoch handed out, including a resumed skip
+        # On a GPU: batches copied one step ahead on a side stream (data/device_prefetch.py); None: Lightning copies.
+        self.copier = copier
+        self._consumed = 0  # samples of the current epoch taken from the workers, including a resumed skip
+        self._position = 0  # ... up to the last batch handed to the trainer (what a checkpoint records)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # Lightning swaps in a SequentialSampler for trainer.overfit_batches: nothing to resume there.
-        self._consumed = getattr(self.sampler, "pending_skip", 0)
+        self._consumed = self._position = getattr(self.sampler, "pending_skip", 0)
         refill = self.drop_last and getattr(self.sampler, "world_size", 1) > 1  # training under DDP
-        yield from equal_step_counts(self._usable_batches(), refill)
+        batches = ((batch, self._consumed) for batch in equal_step_counts(self._usable_batches(), refill))
+        if self.copier is not None:
+            batches = one_batch_ahead(batches, self.copier.stage, self.copier.hand_over)
+        for batch, position in batches:
+            self._position = position
+            yield batch
 
     def _usable_batches(self) -> Iterator[tuple[Any, Any] | None]:
         for images, labels, bad in super().__iter__():
@@ -117,7 +126,7 @@ class ResumableDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         if not isinstance(self.sampler, RankSampler):
             return {}
-        return self.sampler.state_dict(self._consumed)
+        return self.sampler.state_dict(self._position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if isinstance(self.sampler, RankSampler) and state:
