@@ -11,13 +11,18 @@ from typing import Any
 import lightning as L
 import numpy as np
 import pytest
+from lightning.pytorch.callbacks import ProgressBar
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import imgcls.train
 from imgcls.bench import overhead
 from imgcls.callbacks.finite_loss import FiniteLoss
+from imgcls.callbacks.order import training_callbacks
 from imgcls.callbacks.report import ReportCallback
+from imgcls.config_checks import check_config
+from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.data.samplers import RankSampler
+from imgcls.errors import ConfigError
 from imgcls.module import ClassificationModule
 from imgcls.seeding import sample_seed, sample_seeds
 from tests.conftest import compose_config, tiny_overrides
@@ -122,3 +127,14 @@ def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytes
     assert (
         bare > 0 and imgcls_ms > 0 and rows["imgcls (mode=benchmark)"][1] == pytest.approx(imgcls_ms - bare, abs=0.02)
     )
+
+
+@pytest.mark.parametrize("kind", ["rich", "tqdm"])
+def test_the_progress_bar_is_redrawn_every_n_steps(kind: str, tmp_path: Path, image_folder: Path) -> None:
+    cfg = compose_config(tiny_overrides(image_folder, f"callbacks.progress_bar={kind}"), run_dir=tmp_path)
+    datamodule = ClassificationDataModule(cfg.data, batch_size=8)
+    callbacks, _ = training_callbacks(cfg, tmp_path, datamodule)
+    bars = [c for c in callbacks if isinstance(c, ProgressBar)]
+    assert len(bars) == 1 and bars[0].refresh_rate == 10
+    with pytest.raises(ConfigError, match="callbacks.progress_bar_every_n_steps=0"):
+        check_config(compose_config(tiny_overrides(image_folder, "callbacks.progress_bar_every_n_steps=0")))

@@ -305,6 +305,7 @@ TRAIN: dict[str, Check] = {
     "callbacks.checkpoint.keep_epochs": integer(0, null=True, also=(-1,)),
     "callbacks.early_stopping_patience": POSITIVE_OR_NULL,
     "callbacks.progress_bar": anything,
+    "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.charts": boolean,
     # trainer (any other key a user adds goes to lightning.Trainer as is)
     "trainer.accelerator": anything,

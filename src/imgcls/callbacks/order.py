@@ -54,17 +54,17 @@ def training_callbacks(
                 f"callbacks.early_stopping_patience={patience} needs validation (trainer.limit_val_batches=0 skips it)"
             )
         callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=int(patience)))
-    bar = progress_bar(cfg.callbacks.get("progress_bar"))
+    bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.callbacks.get("progress_bar_every_n_steps") or 1))
     if bar is not None:
         callbacks.append(bar)
     return callbacks, report
 
 
-def progress_bar(kind: str | None) -> Any:
+def progress_bar(kind: str | None, every_n_steps: int = 1) -> Any:
     if kind in (None, "none"):
         return None
     if kind == "rich":
-        return RichProgressBar(leave=True)
+        return RichProgressBar(refresh_rate=every_n_steps, leave=True)
     if kind == "tqdm":
-        return TQDMProgressBar()
+        return TQDMProgressBar(refresh_rate=every_n_steps)
     raise ConfigError(f"callbacks.progress_bar={kind} is not allowed; use rich, tqdm or none")
