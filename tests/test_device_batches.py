@@ -41,7 +41,7 @@ def test_uint8_batches_normalized_on_the_device_equal_worker_normalized_ones(ima
         assert raw.dtype == torch.uint8 and label == same_label
         got = datamodule.normalize(raw.unsqueeze(0))[0]
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)  # float rounding: a few ulps of |x| < 3
 
 
 def test_the_loader_ships_a_quarter_of_float32s_bytes(image_folder: Path) -> None:

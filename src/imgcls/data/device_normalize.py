@@ -14,15 +14,19 @@ import torch
 
 
 class DeviceNormalize:
-    """(uint8 NCHW images) -> float32 ((x / 255 - mean) / std), channels_last when the network runs it.
+    """(uint8 NCHW images) -> float32 (x / 255 - mean) / std, channels_last when the network runs it.
 
-    The three steps are torchvision's ToTensor then Normalize, op for op, so a batch equals what the workers
-    made when they normalized (bitwise on CPU). The constants are copied to each device once, not per batch
+    One kernel: addcmul(-mean / std, x, 1 / (255 std)) reads the uint8 batch and writes the float one (type
+    promotion does the conversion), where convert-subtract-divide would pass over the float batch three times.
+    It equals torchvision's ToTensor then Normalize to float rounding (a few ulps). The layout is set on the
+    uint8 batch, a quarter of the bytes, and the output follows it. The constants are copied to each device once
     (a copy from pageable memory waits for the device's queue)."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], channels_last: bool = False) -> None:
-        self.mean = torch.tensor([float(m) for m in mean]).view(1, -1, 1, 1)
-        self.std = torch.tensor([float(s) for s in std]).view(1, -1, 1, 1)
+        mean_t = torch.tensor([float(m) for m in mean], dtype=torch.float64).view(1, -1, 1, 1)
+        std_t = torch.tensor([float(s) for s in std], dtype=torch.float64).view(1, -1, 1, 1)
+        self.shift = (-mean_t / std_t).float()
+        self.scale = (1.0 / (255.0 * std_t)).float()
         self.channels_last = bool(channels_last)
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -30,7 +34,8 @@ class DeviceNormalize:
         if images.dtype != torch.uint8:
             return images
         if images.device not in self._constants:
-            self._constants[images.device] = (self.mean.to(images.device), self.std.to(images.device))
-        mean, std = self._constants[images.device]
-        layout = torch.channels_last if self.channels_last and images.dim() == 4 else torch.contiguous_format
-        return images.to(dtype=torch.float32, memory_format=layout).div_(255).sub_(mean).div_(std)
+            self._constants[images.device] = (self.shift.to(images.device), self.scale.to(images.device))
+        shift, scale = self._constants[images.device]
+        if self.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return torch.addcmul(shift, images, scale)
