@@ -3,16 +3,21 @@ planned command composes under Hydra and plans (check_devices=False) like the re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from imgcls.bench import gpu_check
+from imgcls.bench import gpu_check, overhead
 from imgcls.config_checks import check_config
 from imgcls.plan import resolve_plan
 from imgcls.published_throughput import THROUGHPUT
@@ -48,6 +53,11 @@ def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: st
     assert list(plan) == list(gpu_check.PATHS)
     configs = {}
     for path, command in plan.items():
+        if path == "bare_loop":  # bench.overhead, not train.py: its flags, then train.py overrides
+            assert command[:9] == ["python", "-m", "imgcls.bench.overhead", "--steps", "40", "--warmup", "10",
+                                   "--repeats", "1"], command  # fmt: skip
+            configs[path] = overhead.compose(command[9:], 40, 10, "/tmp/unused")
+            continue
         assert command[:2] == ["python", "train.py"], command
         cfg = compose_config(command[2:])
         check_config(cfg)
@@ -72,6 +82,44 @@ def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: st
     benchmark = configs["resnet50_amp_benchmark"]
     assert (benchmark.mode, benchmark.model.arch, benchmark.precision.name) == ("benchmark", "resnet50", "amp")
     assert benchmark.hardware.name == hardware
+    # the bare loop runs the benchmark row's network, batch and precision, one optimizer step a batch in both
+    bare = configs["bare_loop"]
+    plans = {name: resolve_plan(configs[name], check_devices=False) for name in ("resnet50_amp_benchmark", "bare_loop")}
+    assert plans["resnet50_amp_benchmark"].as_dict() == plans["bare_loop"].as_dict()
+    assert plans["bare_loop"].per_device_batch == 256 and plans["bare_loop"].accumulation == 1
+    for key in (
+        "model.arch",
+        "model.image_size",
+        "model.channels_last",
+        "precision.name",
+        "data.num_classes",
+        "data.backend",
+        "hardware.name",
+        "trainer.devices",
+        "trainer.accelerator",
+        "recipe.optimizer",
+    ):
+        assert OmegaConf.select(bare, key) == OmegaConf.select(benchmark, key), key
+    assert (bare.mode, bare.model.arch, bare.model.image_size, bare.data.num_classes) == (
+        "benchmark",
+        "resnet50",
+        224,
+        1000,
+    )
+    # one epoch of the CIFAR JPEGs: resnet18 at 32 px, AMP, torchvision loader, batch 256, validating a little
+    cifar = configs["cifar_end_to_end"]
+    assert (cifar.mode, cifar.model.arch, cifar.model.image_size, cifar.precision.name) == (
+        "train",
+        "resnet18",
+        32,
+        "amp",
+    )
+    assert (cifar.data.backend, cifar.data.root) == ("torchvision", "/data/imagenet")
+    assert cifar.data.num_workers == gpu_check.loader_workers()
+    assert (cifar.trainer.max_epochs, cifar.trainer.max_steps, cifar.trainer.limit_val_batches) == (1, -1, 4)
+    assert cifar.trainer.check_val_every_n_epoch == 1 and cifar.trainer.devices == 1
+    cifar_plan = resolve_plan(cifar, check_devices=False)
+    assert (cifar_plan.per_device_batch, cifar_plan.accumulation) == (256, 1)
 
 
 def test_one_gpu_runs_the_ddp_rows_as_one_process(capsys: pytest.CaptureFixture) -> None:
@@ -139,3 +187,237 @@ def test_table_marks_failures() -> None:
     text = gpu_check.table(rows, "A100", 8)
     assert "| bf16 | ok | 812 | - | 0.00 |  |" in text
     assert "| resnet50_amp_benchmark | FAILED | - | 2470 | - | exit 1: x |" in text
+
+
+# --- the pass marks, on fabricated run outputs (subprocess.run replaced: nothing runs) ----------------------------
+
+H200 = "NVIDIA H200"  # no NVIDIA row: the resnet50 row's published mark is 1.0x the A100's 2470 img/s
+
+
+def overhead_table(bare_ms: float, imgcls_ms: float, batch: int = 256) -> str:
+    """bench.overhead's table as it prints it (test_parse_overhead_reads_the_real_table checks the format)."""
+    return "\n".join([
+        f"resnet50 @224 px, batch {batch}, precision=amp, gpu, 40 timed steps x 1 runs",
+        "| loop | ms a step, median (min-max) | device ms a step | extra host ms over the bare loop |",
+        "|---|---:|---:|---:|",
+        f"| bare PyTorch loop | {bare_ms:.2f} ({bare_ms:.2f}-{bare_ms:.2f}) | 39.00 (39.00-39.00) | +0.00 |",
+        f"| imgcls (mode=benchmark) | {imgcls_ms:.2f} ({imgcls_ms:.2f}-{imgcls_ms:.2f}) | - | "
+        f"{imgcls_ms - bare_ms:+.2f} |",
+    ])  # fmt: skip
+
+
+class FakeRuns:
+    """subprocess.run for execute(): writes what a run would leave (report.json / benchmark.json in its
+    hydra.run.dir, or bench.overhead's table on stdout) and records the commands."""
+
+    def __init__(self, outputs: dict[str, Any], returncode: int = 0) -> None:
+        self.outputs = outputs  # path (run dir name) -> document, or "overhead" -> table text
+        self.returncode = returncode
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        self.commands.append(command)
+        if "imgcls.bench.overhead" in command:
+            kwargs["stdout"].write("some log line\n" + self.outputs["overhead"] + "\n")
+        else:
+            run_dir = Path(next(a.split("=", 1)[1] for a in command if a.startswith("hydra.run.dir=")))
+            name, document = self.outputs[run_dir.name]
+            (run_dir / name).write_text(json.dumps(document))
+        return subprocess.CompletedProcess(command, self.returncode)
+
+
+def checks(tmp_path: Path) -> dict[str, gpu_check.Check]:
+    return {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data/cifar", 40, str(tmp_path), workers=14)}
+
+
+def report(total: float, compute: float, top1: float = 31.25) -> tuple[str, dict[str, Any]]:
+    epoch = {"epoch": 0, "train.total_ips": total, "train.compute_ips": compute, "val.top1": top1, "train.loss": 2.1}
+    return "report.json", {"epochs": [epoch], "run": {k: v for k, v in epoch.items() if k != "epoch"}}
+
+
+def benchmark(total: float, compute: float, syncs: float) -> tuple[str, dict[str, Any]]:
+    return "benchmark.json", {"train.total_ips": total, "train.compute_ips": compute,
+                              "train.host_syncs_per_step": syncs, "cuda.tf32": 0.0}  # fmt: skip
+
+
+def test_cifar_end_to_end_passes_at_total_90_percent_of_compute(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["cifar_end_to_end"]
+    assert "data.num_workers=14" in check.overrides and check.extra == {"total_vs_compute": 0.9}
+    for total, status in ((11500, "ok"), (10800, "ok"), (10000, "FAILED")):  # of 12000 compute: 0.96, 0.90, 0.83
+        fake = FakeRuns({"cifar_end_to_end": report(total, 12000)})
+        monkeypatch.setattr(gpu_check.subprocess, "run", fake)
+        row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+        assert row["status"] == status, row
+        assert row["ips"] == total and row["syncs"] is None  # report.json has no host-syncs figure
+        ratio = f"{total / 12000:.2f}"
+        assert f"total {ratio}x compute ({total} of 12000 img/s, mark >= 0.90x)" in row["note"]
+        assert row["note"].endswith("; val.top1 31.2% (the first 4 val batches, in class order: a smoke figure)")
+        assert (": FAILED" in row["note"]) == (status == "FAILED")
+        assert fake.commands[0][1] == str(ROOT / "train.py")
+
+
+def test_cifar_end_to_end_without_compute_ips_fails(tmp_path, monkeypatch) -> None:
+    name, document = report(11500, 12000)
+    del document["run"]["train.compute_ips"]
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"cifar_end_to_end": (name, document)}))
+    row = gpu_check.execute(checks(tmp_path)["cifar_end_to_end"], "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED" and "no train.total_ips and train.compute_ips" in row["note"]
+
+
+@pytest.mark.parametrize(
+    ("total", "syncs", "status", "failing"),
+    [
+        (5900, 0.0, "ok", None),
+        (5830, 0.1, "ok", None),  # 0.97x and 4 syncs in 40 steps: both marks exactly
+        (5677, 0.0, "FAILED", "total 0.94x compute"),  # the H200's second run: 5677 of 6055 img/s
+        (5900, 0.2, "FAILED", "host syncs 0.20 a step"),
+    ],
+)
+def test_resnet50_benchmark_marks(tmp_path, monkeypatch, total: float, syncs: float, status: str, failing) -> None:
+    compute = 6055 if total == 5677 else 6010
+    monkeypatch.setattr(gpu_check.subprocess, "run",
+                        FakeRuns({"resnet50_amp_benchmark": benchmark(total, compute, syncs)}))  # fmt: skip
+    row = gpu_check.execute(checks(tmp_path)["resnet50_amp_benchmark"], "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == status, row
+    assert row["published"] == 2470 and row["syncs"] == syncs
+    assert row["note"].startswith(f"NVIDIA A.2 DGX A100 (8x A100 80GB); {total / 2470:.2f}x of it, pass mark 1.00x")
+    assert "mark >= 0.97x)" in row["note"] and f"host syncs {syncs:.2f} a step (mark <= 0.1)" in row["note"]
+    if failing:
+        assert f"{failing}" in row["note"] and row["note"].count(": FAILED") == 1
+        assert row["note"].split(failing, 1)[1].split(";")[0].endswith(": FAILED")
+    else:
+        assert ": FAILED" not in row["note"]
+
+
+def test_resnet50_benchmark_still_fails_below_nvidias_number(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"resnet50_amp_benchmark": benchmark(2400, 2450, 0)}))
+    row = gpu_check.execute(checks(tmp_path)["resnet50_amp_benchmark"], "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED" and "0.97x of it, pass mark 1.00x" in row["note"]
+    assert ": FAILED" not in row["note"]  # its own marks (0.98x compute, no syncs) pass
+
+
+@pytest.mark.parametrize("path", ["bf16", "syncbn_efficientnet", "ddp_nccl", "compile"])
+def test_every_row_with_host_syncs_fails_past_0_1_a_step(tmp_path, monkeypatch, path: str) -> None:
+    for syncs, status in ((0.0, "ok"), (0.1, "ok"), (0.2, "FAILED")):
+        monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({path: benchmark(5000, 5100, syncs)}))
+        row = gpu_check.execute(checks(tmp_path)[path], "dgxa100", 1, gpu_name=H200)
+        assert row["status"] == status, row
+        assert (
+            f"host syncs {syncs:.2f} a step (mark <= 0.1)" + (": FAILED" if status == "FAILED" else "") in row["note"]
+        )
+
+
+def test_tf32_row_keeps_its_failure_and_marks_syncs(tmp_path, monkeypatch) -> None:
+    name, document = benchmark(2000, 2100, 0.2)
+    document["cuda.tf32"] = 0.0  # precision=tf32 left TF32 off: the row's own failure, and its syncs mark
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"tf32": (name, document)}))
+    row = gpu_check.execute(checks(tmp_path)["tf32"], "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED"
+    assert (
+        row["note"]
+        == "TF32 in the training process was 0.0, expected 1.0; host syncs 0.20 a step (mark <= 0.1): FAILED"
+    )
+
+
+def test_a_row_without_syncs_figure_has_no_syncs_mark(tmp_path, monkeypatch) -> None:
+    name, document = report(400, 450)
+    document["run"].update({"train.amp_skipped_steps": 0})
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"amp_GradScaler": (name, document)}))
+    row = gpu_check.execute(checks(tmp_path)["amp+GradScaler"], "dgxa100", 1, gpu_name=H200)
+    assert row == {"path": "amp+GradScaler", "status": "ok", "ips": 400, "published": None, "syncs": None,
+                   "note": "skipped steps 0, loss 2.100"}  # fmt: skip
+
+
+def test_bare_loop_row_compares_the_resnet50_row_with_the_bare_loop(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["bare_loop"]
+    assert check.command().startswith("python -m imgcls.bench.overhead --steps 40 --warmup 10 --repeats 1 ")
+    assert check.directory() == tmp_path / "bare_loop"
+    # bare loop 40 ms a step at batch 256: 6400 img/s; bench.overhead's own imgcls loop 41 ms: 6244 img/s
+    fake = FakeRuns({"overhead": overhead_table(40.0, 41.0)})
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake)
+    cases = ((6200, "ok", "0.97x"), (6080, "ok", "0.95x"), (5760, "FAILED", "0.90x"))  # 0.95x is the mark
+    for ips, status, ratio in cases:
+        done = {"resnet50_amp_benchmark": {"path": "resnet50_amp_benchmark", "ips": ips}}
+        row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done=done)
+        assert row["status"] == status, row
+        assert row["ips"] == pytest.approx(6400) and row["syncs"] is None and row["published"] is None
+        assert row["note"] == (
+            f"resnet50_amp_benchmark {ips} img/s = {ratio} the bare loop (mark >= 0.95x)"
+            + (": FAILED" if status == "FAILED" else "")
+            + "; cross-check, bench.overhead's own imgcls loop: 6244 img/s (0.98x the bare loop)"
+        )
+    assert fake.commands[0][1:3] == ["-m", "imgcls.bench.overhead"] and fake.commands[0][0] == sys.executable
+    assert (tmp_path / "bare_loop" / "gpu_check.log").read_text().startswith("some log line\n")
+
+
+def test_bare_loop_row_without_the_resnet50_row_or_its_table(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["bare_loop"]
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"overhead": overhead_table(40.0, 41.0)}))
+    alone = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)  # --only bare_loop: nothing to compare
+    assert alone["status"] == "ok" and alone["note"].startswith("no resnet50_amp_benchmark row in this run")
+    failed = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200,
+                               done={"resnet50_amp_benchmark": {"ips": None}})  # fmt: skip
+    assert failed["status"] == "FAILED" and "has no img/s to compare" in failed["note"]
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"overhead": "Traceback: nothing printed"}))
+    broken = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"resnet50_amp_benchmark": {"ips": 6000}})
+    assert broken == {"path": "bare_loop", "status": "FAILED", "ips": None, "published": None, "syncs": None,
+                      "note": "no bench.overhead table in the output"}  # fmt: skip
+    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"overhead": "boom"}, returncode=1))
+    crashed = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"resnet50_amp_benchmark": {"ips": 6000}})
+    assert crashed["status"] == "FAILED" and crashed["note"].startswith("exit 1: ")
+
+
+def test_parse_overhead_reads_the_real_table(capsys) -> None:
+    """bench.overhead run for real on the CPU (its default tiny network, a few steps): gpu_check reads its table."""
+    assert overhead.main(["--steps", "3", "--warmup", "1", "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    figures = gpu_check.parse_overhead("a log line\n" + text + "\nanother\n")
+    assert figures["batch"] == 8 and figures["bare_ms"] > 0 and figures["imgcls_ms"] > 0
+    assert figures["bare_device_ms"] != figures["bare_device_ms"]  # NaN: no CUDA events on the CPU
+    assert gpu_check.parse_overhead(overhead_table(40.0, 41.5)) == {
+        "batch": 256, "bare_ms": 40.0, "bare_device_ms": 39.0, "imgcls_ms": 41.5, "imgcls_device_ms": pytest.approx(
+            float("nan"), nan_ok=True)}  # fmt: skip
+
+
+def test_main_runs_the_bare_loop_after_the_resnet50_row_and_exits_1_on_a_missed_mark(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """main() on a pretend 1-GPU H200: the resnet50 row's img/s reach the bare_loop row; a missed mark exits 1."""
+    for split in ("train", "val"):
+        (tmp_path / "data" / split).mkdir(parents=True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(name=H200, total_memory=141 * 2**30))  # fmt: skip
+    monkeypatch.setattr(gpu_check.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "runs"))
+    argv = ["--data", str(tmp_path / "data"), "--only", "resnet50_amp_benchmark,bare_loop"]
+    for resnet50_ips, code in ((6300, 0), (5760, 1)):
+        fake = FakeRuns({"resnet50_amp_benchmark": benchmark(resnet50_ips, resnet50_ips + 50, 0.0),
+                         "overhead": overhead_table(40.0, 41.0)})  # fmt: skip
+        monkeypatch.setattr(gpu_check.subprocess, "run", fake)
+        assert gpu_check.main(argv) == code
+        out = capsys.readouterr().out
+        assert [c[1:3] for c in fake.commands] == [[str(ROOT / "train.py"), "model=resnet50"],
+                                                  ["-m", "imgcls.bench.overhead"]]  # fmt: skip
+        assert "| resnet50_amp_benchmark | ok | " in out
+        assert f"| bare_loop | {'ok' if code == 0 else 'FAILED'} | 6400 | - | - | resnet50_amp_benchmark " in out
+
+
+@pytest.mark.slow
+def test_cifar_end_to_end_row_reads_a_real_report(image_folder, tmp_path) -> None:
+    """The end-to-end row's command as a real train.py subprocess on CPU (hardware=cpu, a small batch): the report.json
+    it writes has the figures the row reads (train.total_ips, train.compute_ips, val.top1)."""
+    check = checks(tmp_path)["cifar_end_to_end"]
+    replaced = {"hardware": "cpu", "data.root": str(image_folder), "data.num_workers": "1", "data.batch_size": "8",
+                "recipe.global_batch_size": "8", "trainer.limit_val_batches": "2"}  # fmt: skip
+    overrides = tuple(
+        f"{key}={replaced[key]}" if (key := o.split("=", 1)[0]) in replaced else o for o in check.overrides
+    )
+    row = gpu_check.execute(gpu_check.Check(check.path, overrides, extra=check.extra), "cpu", gpus=1)
+    assert row["ips"] > 0 and row["syncs"] is None, row
+    assert re.fullmatch(
+        r"total \d\.\d\dx compute \(\d+ of \d+ img/s, mark >= 0\.90x\)(: FAILED)?; "
+        r"val\.top1 \d+\.\d% \(the first 4 val batches, in class order: a smoke figure\)",
+        row["note"],
+    ), row
+    assert row["status"] == ("FAILED" if ": FAILED" in row["note"] else "ok")  # host timing on CPU: either

@@ -4,13 +4,22 @@
 
 Each check is a real `python train.py ...` run in a subprocess (a fresh CUDA context per path; DDP launches
 its own processes), with a time limit (an NCCL hang fails its row) and its whole log in its run dir; its
-img/s, host syncs per step (torch's CUDA sync debug mode, in the training process) and TF32 state come from
+img/s, host syncs per step (torch's CUDA sync debug mode, in the training thread) and TF32 state come from
 the run's benchmark.json / report.json. The training row validates and keeps an EMA copy; the DDP rows
 (EMA; NVIDIA's TF2 EfficientNet with RMSpropTF, EMA and sync BN) run on every visible GPU, as one DDP process
 on a 1-GPU machine. The resnet50 rows stand next to NVIDIA's published training throughput for this GPU
 (docs/reference/nvidia-training-performance.md, ResNet50 v1.5), and the AMP benchmark must reach a pass mark
 of it (pass_mark). On a machine without CUDA it says so in one line and exits 0; --plan prints the commands
 it would run (what tests/test_gpu_check.py checks on CPU).
+
+Pass marks besides (each row's note says its marks and the figures):
+- every row with a host-syncs figure: at most 0.1 host syncs a step (MAX_SYNCS_PER_STEP);
+- cifar_end_to_end (one epoch of resnet18 AMP at 32 px on the CIFAR JPEGs, torchvision loader, validation on;
+  --steps does not shorten it): train.total_ips >= 0.9 x train.compute_ips of the epoch, from report.json;
+- resnet50_amp_benchmark: train.total_ips >= 0.97 x train.compute_ips;
+- bare_loop (`python -m imgcls.bench.overhead`: a bare PyTorch loop over the resnet50 AMP benchmark's network
+  and batch, run right after it): the resnet50_amp_benchmark row's img/s >= 0.95 x the bare loop's; the mark
+  sits on the bare_loop row, whose note also gives overhead's own imgcls row as a cross-check.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -45,8 +55,13 @@ SOURCES = {
 # Every path the acceptance covers (the issue's list); plan() must produce each (the tests assert it).
 PATHS = (
     "amp+GradScaler", "bf16", "fp32", "tf32", "channels_last", "compile", "dali_gpu", "dali_cpu",
-    "syncbn_efficientnet", "ddp_nccl", "resnet50_amp_benchmark",
+    "syncbn_efficientnet", "ddp_nccl", "resnet50_amp_benchmark", "bare_loop", "cifar_end_to_end",
 )  # fmt: skip
+MAX_SYNCS_PER_STEP = 0.1  # every row with a host-syncs figure fails past this
+COMPARED = "resnet50_amp_benchmark"  # the row the bare_loop row compares with (they run back to back)
+OVERHEAD = ("-m", "imgcls.bench.overhead")  # the bare_loop row's program (not train.py)
+VAL_BATCHES = 4  # the end-to-end row's validation: a few batches (their wall time counts in its train wall on CUDA)
+BARE, IMGCLS = "bare PyTorch loop", "imgcls (mode=benchmark)"  # bench.overhead's table rows
 
 
 @dataclass(frozen=True)
@@ -55,14 +70,31 @@ class Check:
     overrides: tuple[str, ...]
     published: tuple[str, int] | None = None  # (precision, GPU count) of NVIDIA's ResNet50 throughput
     needs_gpus: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # tf32, assert, total_vs_compute, versus_bare_loop
+    program: tuple[str, ...] = ("train.py",)  # or OVERHEAD
+    run_dir: str | None = None  # where its log goes; None: the hydra.run.dir override
 
     def command(self) -> str:
-        return shlex.join(["python", "train.py", *self.overrides])
+        return shlex.join(["python", *self.program, *self.overrides])
+
+    def directory(self) -> Path:
+        if self.run_dir is not None:
+            return Path(self.run_dir)
+        return Path(next(o.split("=", 1)[1] for o in self.overrides if o.startswith("hydra.run.dir=")))
 
 
-def plan(hardware: str, gpus: int, data_root: str, steps: int, run_root: str) -> list[Check]:
-    """The checks for `gpus` visible GPUs of `hardware`, each a train.py command line."""
+def loader_workers() -> int:
+    """data.num_workers of the end-to-end row: the cores this process may use minus 2 (the training process and
+    its pin-memory thread), at most 32 (a 1-GPU row on a 128-core host needs no 126 worker processes)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores - 2, 32))
+
+
+def plan(
+    hardware: str, gpus: int, data_root: str, steps: int, run_root: str, workers: int | None = None
+) -> list[Check]:
+    """The checks for `gpus` visible GPUs of `hardware`, each a train.py (or bench.overhead) command line;
+    `workers`: the end-to-end row's data.num_workers (None: loader_workers())."""
 
     def run(path: str, *overrides: str, devices: int = 1, mode: str = "benchmark") -> tuple[str, ...]:
         common = [
@@ -71,6 +103,14 @@ def plan(hardware: str, gpus: int, data_root: str, steps: int, run_root: str) ->
         ]  # fmt: skip
         if mode == "benchmark":
             common += ["mode=benchmark", "benchmark.warmup=10", f"benchmark.iterations={steps}"]
+        elif mode == "epoch":  # one whole epoch of a real training run, batch 256, a few val batches
+            common += [
+                "recipe.epochs=1",
+                "recipe.warmup_epochs=0",
+                f"trainer.limit_val_batches={VAL_BATCHES}",
+                "data.batch_size=256",
+                "recipe.global_batch_size=256",
+            ]
         else:  # a real training run (checkpoints, report.json with the scaler's skipped steps), no accumulation
             common += [
                 f"trainer.max_steps={steps}",
@@ -107,8 +147,24 @@ def plan(hardware: str, gpus: int, data_root: str, steps: int, run_root: str) ->
                                          devices=gpus)),  # 256 a GPU like the resnet50 rows, not the recipe's 1024
         Check("ddp_nccl", run("ddp_nccl", "model=resnet50", "precision=amp", "trainer.strategy=ddp",
                               "recipe.ema_decay=0.9999", *synthetic, devices=gpus), ("amp", gpus)),
+        # Batch 256 with no accumulation (the profile's global 2048 would step the optimizer every 8th
+        # micro-batch on one GPU): NVIDIA's 1-GPU measurement, and the bare_loop row's work step for step.
         Check("resnet50_amp_benchmark", run("resnet50_amp_benchmark", "model=resnet50", "precision=amp",
-                                            *synthetic), ("amp", 1)),
+                                            *synthetic, "data.batch_size=256", "recipe.global_batch_size=256"),
+              ("amp", 1), extra={"total_vs_compute": 0.97}),
+        # Right after it on the same GPU: a bare PyTorch loop over the same network and batch (bench.overhead's
+        # defaults are test_resnet at 8 px, 10 classes: model.arch and data.num_classes are named here).
+        Check("bare_loop", ("--steps", str(steps), "--warmup", "10", "--repeats", "1", "model=resnet50",
+                            "model.arch=resnet50", "model.image_size=224", "precision=amp", "data.num_classes=1000",
+                            "data.batch_size=256", "recipe.global_batch_size=256", f"hardware={hardware}",
+                            "trainer.devices=1"),
+              extra={"versus_bare_loop": 0.95}, program=OVERHEAD, run_dir=f"{run_root}/bare_loop"),
+        # The CIFAR JPEGs end to end: one epoch (195 steps of 256, whatever --steps says) through the torchvision
+        # loader (uint8 batches normalized on the device), validating, writing report.json and a checkpoint.
+        Check("cifar_end_to_end", run("cifar_end_to_end", "model=resnet18", "model.image_size=32", "precision=amp",
+                                      *photos, "data.backend=torchvision",
+                                      f"data.num_workers={workers or loader_workers()}", mode="epoch"),
+              extra={"total_vs_compute": 0.9}),
     ]  # fmt: skip
 
 
@@ -136,9 +192,81 @@ def _result(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def _mark(row: dict[str, Any], passed: bool, text: str) -> None:
+    """Append a pass mark's figures to the row's note; a missed mark fails the row."""
+    row["note"] = (row["note"] + "; " if row["note"] else "") + text + ("" if passed else ": FAILED")
+    if not passed:
+        row["status"] = "FAILED"
+
+
+def _mark_syncs(row: dict[str, Any]) -> None:
+    if row.get("syncs") is not None:
+        syncs = float(row["syncs"])
+        _mark(row, syncs <= MAX_SYNCS_PER_STEP + 1e-9, f"host syncs {syncs:.2f} a step (mark <= {MAX_SYNCS_PER_STEP})")
+
+
+def _mark_total_vs_compute(row: dict[str, Any], summary: dict[str, Any], fraction: float) -> None:
+    total, compute = summary.get("train.total_ips"), summary.get("train.compute_ips")
+    if total is None or compute is None or not float(compute) > 0:
+        _mark(row, False, f"no train.total_ips and train.compute_ips (mark total >= {fraction:.2f}x compute)")
+        return
+    ratio = float(total) / float(compute)
+    _mark(row, ratio >= fraction, f"total {ratio:.2f}x compute ({float(total):.0f} of {float(compute):.0f} img/s, "
+                                  f"mark >= {fraction:.2f}x)")  # fmt: skip
+
+
+def parse_overhead(text: str) -> dict[str, float]:
+    """The figures of `python -m imgcls.bench.overhead`'s table in `text` (its output, other lines around it):
+    batch, and per loop the median ms a step (bare_ms, imgcls_ms) and device ms a step (NaN where '-').
+    Raises ValueError without a table."""
+    header = re.search(r", batch (\d+), precision=", text)
+    if header is None:
+        raise ValueError("no bench.overhead table in the output")
+    figures: dict[str, float] = {"batch": float(header.group(1))}
+    for name, key in ((BARE, "bare"), (IMGCLS, "imgcls")):
+        row = re.search(rf"^\| {re.escape(name)} \| ([^|]+)\| ([^|]+)\|", text, flags=re.M)
+        if row is None:
+            raise ValueError(f"no '{name}' row in bench.overhead's table")
+        host, device = (cell.split()[0] for cell in row.groups())
+        figures[f"{key}_ms"] = float(host)
+        figures[f"{key}_device_ms"] = math.nan if device == "-" else float(device)
+    return figures
+
+
+def _bare_loop_row(row: dict[str, Any], output: str, fraction: float, done: dict[str, dict[str, Any]]) -> None:
+    """The bare_loop row from bench.overhead's output: the bare loop's img/s, and the mark on the
+    resnet50_amp_benchmark row's img/s (this run's, from `done`) against it."""
+    try:
+        figures = parse_overhead(output)
+    except ValueError as error:
+        row.update(status="FAILED", note=str(error))
+        return
+    batch = figures["batch"]
+    bare = 1000 * batch / figures["bare_ms"]
+    own = 1000 * batch / figures["imgcls_ms"]
+    row["ips"] = bare
+    compared = done.get(COMPARED)
+    if compared is None:
+        row["note"] = f"no {COMPARED} row in this run: the {fraction:.2f}x mark not checked"
+    elif compared.get("ips") is None:
+        _mark(row, False, f"{COMPARED} has no img/s to compare with the bare loop's (mark >= {fraction:.2f}x)")
+    else:
+        ratio = float(compared["ips"]) / bare
+        _mark(row, ratio >= fraction, f"{COMPARED} {float(compared['ips']):.0f} img/s = {ratio:.2f}x the bare loop "
+                                      f"(mark >= {fraction:.2f}x)")  # fmt: skip
+    row["note"] += f"; cross-check, bench.overhead's own imgcls loop: {own:.0f} img/s ({own / bare:.2f}x the bare loop)"
+
+
 def execute(
-    check: Check, hardware: str, gpus: int, timeout_s: float | None = None, gpu_name: str = ""
+    check: Check,
+    hardware: str,
+    gpus: int,
+    timeout_s: float | None = None,
+    gpu_name: str = "",
+    done: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """Run one check and make its table row. `done`: the rows already run, by path (the bare_loop row compares
+    with the resnet50_amp_benchmark row)."""
     row: dict[str, Any] = {"path": check.path, "status": "ok", "ips": None, "published": None, "syncs": None,
                            "note": ""}  # fmt: skip
     if gpus < check.needs_gpus:
@@ -147,9 +275,11 @@ def execute(
     if check.path.startswith("dali") and importlib.util.find_spec("nvidia.dali") is None:
         row.update(status="skipped", note="nvidia.dali is not installed in this environment")
         return row
-    script = ROOT / "train.py"
-    command = [sys.executable, str(script), *check.overrides]
-    run_dir = Path(next(o.split("=", 1)[1] for o in check.overrides if o.startswith("hydra.run.dir=")))
+    if check.program == OVERHEAD:
+        command = [sys.executable, *check.program, *check.overrides]
+    else:
+        command = [sys.executable, str(ROOT / check.program[0]), *check.program[1:], *check.overrides]
+    run_dir = check.directory()
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "gpu_check.log"  # the whole output stays for a failed row; the table shows its last line
     with log.open("w") as output:
@@ -160,11 +290,14 @@ def execute(
         except subprocess.TimeoutExpired:
             row.update(status="FAILED", note=f"no result in {timeout_s:.0f} s (log: {log})")
             return row
-    summary = _result(run_dir)
     if returncode != 0:
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         row.update(status="FAILED", note=f"exit {returncode}: {(lines or ['no output'])[-1].strip()}")
         return row
+    if "versus_bare_loop" in check.extra:
+        _bare_loop_row(row, log.read_text(errors="replace"), check.extra["versus_bare_loop"], done or {})
+        return row
+    summary = _result(run_dir)
     ips = summary.get("train.total_ips")
     row["ips"] = ips
     if ips is None or not math.isfinite(float(ips)) or float(ips) <= 0:
@@ -180,6 +313,7 @@ def execute(
     if "tf32" in check.extra and summary.get("cuda.tf32") != check.extra["tf32"]:
         row.update(status="FAILED", note=f"TF32 in the training process was {summary.get('cuda.tf32')}, "
                                          f"expected {check.extra['tf32']}")  # fmt: skip
+        _mark_syncs(row)
         return row
     if check.extra.get("assert") == "tf32_changes_results":
         difference = tf32_changes_results()
@@ -200,6 +334,13 @@ def execute(
                 if ratio < fraction:
                     row["status"] = "FAILED"
             row["note"] = (row["note"] + "; " if row["note"] else "") + note
+    if "total_vs_compute" in check.extra:
+        _mark_total_vs_compute(row, summary, check.extra["total_vs_compute"])
+    if check.path == "cifar_end_to_end":
+        top1 = summary.get("val.top1")
+        row["note"] += "; val.top1 " + (f"{float(top1):.1f}%" if top1 is not None else "missing")
+        row["note"] += f" (the first {VAL_BATCHES} val batches, in class order: a smoke figure)"
+    _mark_syncs(row)
     return row
 
 
@@ -270,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     for check in plan(hardware, gpus, args.data, args.steps, run_root):
         if args.only and check.path not in args.only.split(","):
             continue
-        rows.append(execute(check, hardware, gpus, args.timeout, properties.name))
+        rows.append(execute(check, hardware, gpus, args.timeout, properties.name, {r["path"]: r for r in rows}))
         row = rows[-1]  # the numbers too: a run cut short by its caller's time limit keeps what it measured
         print(f"gpu_check: {check.path}: {row['status']} img/s {row['ips']} host syncs/iteration {row.get('syncs')} "
               f"{row['note']}", file=sys.stderr, flush=True)  # fmt: skip
