@@ -1,9 +1,8 @@
-"""SIGKILL a real training process at random moments (some during a checkpoint write), resume each time with
+"""SIGKILL a real training process at chosen checkpoints (some during a checkpoint write), resume each time with
 ckpt_path=last, and end with the same weights as an uninterrupted run: bitwise, on CPU."""
 
 from __future__ import annotations
 
-import random
 import signal
 import subprocess
 import time
@@ -16,7 +15,9 @@ from imgcls.checkpoint import check_resumable
 from tests import warm_python
 from tests.conftest import ROOT, make_image_folder, read_report, run_cli, tiny_overrides
 
-KILLS = 5  # kills 1 and 4 land while a checkpoint is being written
+# Where each of the 5 processes is killed: after its N-th last.ckpt is in place, or inside its N-th write (the temp
+# file written, not renamed). Chosen by checkpoint count, not by time, so any machine's speed kills the same way.
+KILL_POINTS = ("after:2", "write:1", "after:1", "after:3", "write:2")
 
 
 def run_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -27,10 +28,6 @@ def run_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
         f"hydra.run.dir={run_dir}",
         *extra,
     ]
-
-
-def start(argv: list[str]) -> warm_python.WarmProcess:
-    return warm_python.start([ROOT / "train.py", *argv], env={"WANDB_MODE": "offline"})
 
 
 def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> bool:
@@ -58,7 +55,7 @@ def assert_same_final_weights(reference: Path, resumed: Path, steps: int) -> Non
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
-def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path: Path, backend: str) -> None:
+def test_sigkill_at_chosen_checkpoints_then_resume_gives_identical_weights(tmp_path: Path, backend: str) -> None:
     """dali_cpu resumes from each rank's DALI reader checkpoint in last.ckpt (DaliLoader.position): mid-epoch at
     the saved batch, and after an epoch's last step with the reader's next epoch."""
     data = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
@@ -71,26 +68,18 @@ def test_sigkill_at_random_moments_then_resume_gives_identical_weights(tmp_path:
 
     run_dir = tmp_path / "killed"
     last, tmp = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt.tmp"
-    rng = random.Random(0)
-    kills, during_write, steps = 0, 0, []
-    while kills < KILLS:
-        proc = start(args(data, run_dir, "ckpt_path=last"))
-        before = last.stat().st_mtime_ns if last.exists() else 0
-        if kills % 3 == 1:  # kill while a checkpoint is being written
-            hit = wait_for(tmp.exists, proc)
-            during_write += hit
-        else:  # kill at a random moment after a new checkpoint was completed (so the run makes progress)
-            wait_for(lambda before=before: last.exists() and last.stat().st_mtime_ns != before, proc)
-            time.sleep(rng.uniform(0, 0.3))
-        if proc.poll() is not None:  # finished before we could kill it: only acceptable near the end
-            assert proc.returncode == 0, proc.stderr.read()[-2000:]
-            break
+    steps = []
+    for k, point in enumerate(KILL_POINTS):
+        marker = tmp_path / f"paused-{k}"
+        proc = warm_python.start([ROOT / "tests" / "train_until_paused.py", marker, point,
+                                  *args(data, run_dir, "ckpt_path=last")], env={"WANDB_MODE": "offline"})  # fmt: skip
+        assert wait_for(marker.exists, proc), f"{point}: exit {proc.poll()}: {proc.stderr.read()[-2000:]}"
+        assert tmp.exists() == point.startswith("write")  # a kill inside a write leaves the temp file
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
-        kills += 1
         steps.append(assert_readable(last))  # never truncated, never unreadable
-    assert kills >= 4 and during_write >= 1, (kills, during_write)
-    assert steps == sorted(steps) and steps[-1] > 0
+    # Each resumed process made the progress of its completed checkpoints: 2 + 0 + 1 + 3 + 1 steps.
+    assert steps == sorted(steps) and steps[-1] == 7, steps
 
     final = run_cli("train.py", *args(data, run_dir, "ckpt_path=last"))
     assert final.returncode == 0, final.stderr[-2000:]

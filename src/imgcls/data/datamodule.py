@@ -60,7 +60,8 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _device(self) -> torch.device:
         """The device this rank trains on: where synthetic batches are made and loaded batches are copied to."""
-        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        strategy = getattr(self.trainer, "strategy", None)  # None outside a fit (evaluate's own loop, tests)
+        return strategy.root_device if strategy is not None else torch.device("cpu")
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
