@@ -11,7 +11,10 @@ from typing import Any
 import lightning as L
 import numpy as np
 import pytest
+import timm
+import torch
 from lightning.pytorch.callbacks import ProgressBar
+from timm.utils import ModelEmaV3
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import imgcls.train
@@ -22,6 +25,7 @@ from imgcls.callbacks.report import ReportCallback
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.data.samplers import RankSampler
+from imgcls.ema import ModelEma
 from imgcls.errors import ConfigError
 from imgcls.module import ClassificationModule
 from imgcls.seeding import sample_seed, sample_seeds
@@ -138,3 +142,32 @@ def test_the_progress_bar_is_redrawn_every_n_steps(kind: str, tmp_path: Path, im
     assert len(bars) == 1 and bars[0].refresh_rate == 10
     with pytest.raises(ConfigError, match="callbacks.progress_bar_every_n_steps=0"):
         check_config(compose_config(tiny_overrides(image_folder, "callbacks.progress_bar_every_n_steps=0")))
+
+
+def test_the_tracked_ema_update_equals_timms_and_walks_no_state_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    net = timm.create_model("test_resnet", num_classes=4)
+    theirs, ours = ModelEmaV3(net, decay=0.9), ModelEma(net, decay=0.9)
+    ours.track(net)
+    net(torch.randn(2, 3, 16, 16))  # BatchNorm statistics and num_batches_tracked move
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.1)
+    walks: list[str] = []
+    real = torch.nn.Module.state_dict
+    monkeypatch.setattr(
+        torch.nn.Module, "state_dict", lambda self, *a, **k: walks.append("walk") or real(self, *a, **k)
+    )
+    for step in (1, 2, 3):
+        ours.update(net, step=step)
+    assert walks == []
+    monkeypatch.setattr(torch.nn.Module, "state_dict", real)
+    for step in (1, 2, 3):
+        theirs.update(net, step=step)
+    for (name, a), b in zip(theirs.module.state_dict().items(), ours.module.state_dict().values()):
+        assert torch.equal(a, b), name
+    other = timm.create_model("test_resnet", num_classes=4)  # not the tracked network: timm's own update
+    theirs.update(other, step=4)
+    ours.update(other, step=4)
+    assert all(
+        torch.equal(a, b) for a, b in zip(theirs.module.state_dict().values(), ours.module.state_dict().values())
+    )

@@ -12,12 +12,12 @@ import lightning as L
 import torch
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
-from timm.utils import ModelEmaV3
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from imgcls.choices import MIXUP_MODES
+from imgcls.ema import ModelEma
 from imgcls.errors import ConfigError
 from imgcls.mixup import DeviceMixup
 from imgcls.models import build_network
@@ -98,12 +98,12 @@ class ClassificationModule(L.LightningModule):
         if self.ema is not None:
             self.ema = self._averaged(self.ema.decay)
 
-    def _averaged(self, decay: float) -> ModelEmaV3:
-        """timm's EMA copy of the network, frozen: ModelEmaV3 (unlike ModelEma) leaves its parameters requiring
-        grad, and DDP then waits for their gradients at every step ("parameters that were not used in producing
-        the loss": every EMA run on 2+ devices died at its second step). Frozen, they stay out of DDP's buckets;
-        the optimizer takes self.net's parameters only."""
-        ema = ModelEmaV3(self.net, decay=decay, **self._ema_warmup)
+    def _averaged(self, decay: float) -> ModelEma:
+        """timm's EMA copy of the network (imgcls/ema.py), frozen: ModelEmaV3 (unlike timm's ModelEma) leaves its
+        parameters requiring grad, and DDP then waits for their gradients at every step ("parameters that were not
+        used in producing the loss": every EMA run on 2+ devices died at its second step). Frozen, they stay out of
+        DDP's buckets; the optimizer takes self.net's parameters only."""
+        ema = ModelEma(self.net, decay=decay, **self._ema_warmup)
         ema.requires_grad_(False)
         return ema
 
@@ -113,6 +113,12 @@ class ClassificationModule(L.LightningModule):
         # and its update copies weights whatever the mode, so it follows the module's mode like the rest.
         if self.ema is not None:
             self.ema.module.train(self.training)
+
+    def on_train_start(self) -> None:
+        # Both networks are on their device and a resumed run's weights restored (in place): the EMA's update
+        # lists can be built now, once (ema.py).
+        if self.ema is not None:
+            self.ema.track(self.net)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
