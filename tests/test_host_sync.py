@@ -211,9 +211,12 @@ def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.
         time.sleep(0.02)
         timer.batch_ended(4, cuda)
     assert len(Event.made) == 10 and sum(e.synced for e in Event.made) == 0 and syncs == []
+    time.sleep(0.3)  # validation runs before the epoch's summary: not training time
     summary = timer.summary("train", 1)
     assert sum(e.synced for e in Event.made) == 1 and syncs == []
     assert 0.1 <= timer.compute_time < 0.5 and summary["train.compute_ips"] == pytest.approx(20 / timer.compute_time)
+    wall = 20 / summary["train.total_ips"]
+    assert timer.compute_time <= wall < timer.compute_time + 0.2  # ends with the last batch, not at the summary
 
 
 def test_benchmark_counts_the_training_threads_syncs_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ class StepTimer:
     hook). compute_time on CUDA is device time, from an event recorded when the batch starts to one recorded
     when it ends; the events are only read in summary() (once an epoch), so the CPU keeps queueing kernels
     instead of waiting for each step (NVIDIA called torch.cuda.synchronize() every step). Elsewhere it is
-    host time. total_ips divides by wall time, which summary() ends after the device has finished."""
+    host time. total_ips divides by wall time, which ends when the device finished the last batch."""
 
     def __init__(self) -> None:
         self.reset()
@@ -32,6 +32,7 @@ class StepTimer:
         self.batch_start = self.started
         self._events: list[tuple[Any, Any]] = []  # (start, end) CUDA events, read in summary()
         self._start_event: Any = None
+        self._first: tuple[float, Any] | None = None  # (host time, CUDA event) of the first batch's start
 
     def batch_started(self, device: torch.device | None = None) -> None:
         now = time.perf_counter()
@@ -40,6 +41,8 @@ class StepTimer:
         if device is not None and device.type == "cuda":
             self._start_event = torch.cuda.Event(enable_timing=True)
             self._start_event.record()
+            if self._first is None:
+                self._first = (now, self._start_event)
 
     def batch_ended(self, samples: int, device: torch.device) -> None:
         now = time.perf_counter()
@@ -56,8 +59,14 @@ class StepTimer:
 
     def _read_events(self) -> None:
         if self._events:
-            self._events[-1][1].synchronize()  # the one sync: the device has finished every timed batch
-            self.last_end = max(self.last_end, time.perf_counter())
+            last_end = self._events[-1][1]
+            last_end.synchronize()  # the one sync: the device has finished every timed batch
+            # The device finished the last batch at the first batch's start (host time, when the device was idle at
+            # an epoch's start) plus the device time between them: not when summary() runs, which for the train
+            # timer is after validation (that counted validation as training time).
+            assert self._first is not None
+            first_host, first_event = self._first
+            self.last_end = max(self.last_end, first_host + first_event.elapsed_time(last_end) / 1000.0)
             self.compute_time += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
             self._events = []
 

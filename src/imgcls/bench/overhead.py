@@ -70,11 +70,15 @@ def bare_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
     from imgcls.module import ClassificationModule
     from imgcls.optimizer import build_optimizer, parameter_groups
     from imgcls.plan import resolve_plan
+    from imgcls.precision import set_tf32
     from imgcls.scheduler import build_scheduler
 
     plan = resolve_plan(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     device = torch.device("cuda" if str(cfg.trainer.accelerator) in ("gpu", "cuda") else "cpu")
+    # The backend settings imgcls's Trainer makes (imgcls.trainer, imgcls.precision), whichever loop runs first.
+    torch.backends.cudnn.benchmark = not bool(cfg.deterministic)
+    set_tf32(bool(cfg.precision.get("tf32")))
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
     module = ClassificationModule(resolved["model"], resolved["recipe"], plan.as_dict(), datamodule.classes)
     net = module.net.to(device)
