@@ -126,7 +126,7 @@ def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytes
     table = capsys.readouterr().out
     row = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \|$", re.M)
     rows = {m[1]: (float(m[2]), float(m[3])) for m in row.finditer(table)}
-    assert set(rows) == {"bare PyTorch loop", "imgcls (mode=benchmark)"}
+    assert set(rows) == {"bare PyTorch loop", "Lightning, smallest module", "imgcls (mode=benchmark)"}
     bare, imgcls_ms = rows["bare PyTorch loop"][0], rows["imgcls (mode=benchmark)"][0]
     assert (
         bare > 0 and imgcls_ms > 0 and rows["imgcls (mode=benchmark)"][1] == pytest.approx(imgcls_ms - bare, abs=0.02)

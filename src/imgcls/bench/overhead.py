@@ -2,8 +2,9 @@
 bare PyTorch loop, over the same network and the same batch on the device.
 
 The bare loop is what a user would write: forward, loss, backward, optimizer step, scheduler step, with autocast
-and a GradScaler under precision=amp, and no host sync. imgcls's loop is `mode=benchmark` (the real Trainer, module,
-callbacks and data module; data=synthetic: one batch on the device). Each loop runs `--repeats` times, alternating,
+and a GradScaler under precision=amp, and no host sync. The smallest LightningModule (training_step, the same
+optimizer and schedule) under a bare Trainer shows what Lightning's own loop costs. imgcls's loop is `mode=benchmark`
+(the real Trainer, module, callbacks and data module; data=synthetic: one batch on the device). Each loop runs `--repeats` times, alternating,
 and the table shows the median ms a step and the spread. On a GPU the timing waits for the device at the ends
 only, so a loop whose host work per step exceeds the device's shows it; the device ms a step come from CUDA events.
 
@@ -23,6 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -64,8 +67,20 @@ def _batch_size(cfg: DictConfig) -> int:
     return resolve_plan(cfg).per_device_batch
 
 
-def bare_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
-    """The same network, optimizer and schedule as imgcls builds them, in a plain loop over the same batch."""
+@dataclass
+class _Parts:
+    """What both hand-made loops train: imgcls's network, optimizer and schedule, on the same batch and device."""
+
+    device: torch.device
+    net: torch.nn.Module
+    images: torch.Tensor
+    labels: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    half: torch.dtype | None
+
+
+def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     from imgcls.data.datamodule import ClassificationDataModule
     from imgcls.module import ClassificationModule
     from imgcls.optimizer import build_optimizer, parameter_groups
@@ -86,36 +101,104 @@ def bare_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
         net.compile()
     images, labels = datamodule.backend.loader("train", plan.per_device_batch, 0, 1, 0, device=device).batch()
     optimizer = build_optimizer(parameter_groups(net, plan.weight_decay), module.recipe, plan.lr)
-    scheduler = build_scheduler(optimizer, total_steps=steps + warmup, warmup_steps=0, end_lr=0.0)
-    precision = str(cfg.precision.name)
-    half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    scheduler = build_scheduler(optimizer, total_steps=total_steps, warmup_steps=0, end_lr=0.0)
+    half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(str(cfg.precision.name))
     if half is torch.float16 and device.type == "cpu" and not cfg.precision.get("cpu_fp16"):
         half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.precision)
+    return _Parts(device, net, images, labels, optimizer, scheduler, half)
+
+
+class _Clock:
+    """Wall time from the end of the warm-up to the device's end of the last step; CUDA events for device time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.started = 0.0
+        self.result: dict[str, float] = {}
+        self._start: Any = None
+
+    def start(self) -> None:
+        _wait(self.device)
+        self.started = time.perf_counter()
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+
+    def stop(self, steps: int) -> dict[str, float]:
+        end = None
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        _wait(self.device)
+        host_ms = 1000 * (time.perf_counter() - self.started) / steps
+        device_ms = self._start.elapsed_time(end) / steps if end is not None else math.nan
+        self.result = {"host_ms": host_ms, "device_ms": device_ms}
+        return self.result
+
+
+def bare_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
+    """The same network, optimizer and schedule as imgcls builds them, in a plain loop over the same batch."""
+    parts = _parts(cfg, steps + warmup)
+    net, optimizer, device, half = parts.net, parts.optimizer, parts.device, parts.half
     scaler = torch.amp.GradScaler(device.type, enabled=half is torch.float16)
     criterion = torch.nn.CrossEntropyLoss()
-    timings: list[float] = []
-    start = end = None
+    clock = _Clock(device)
     for step in range(steps + warmup):
         if step == warmup:
-            _wait(device)
-            started = time.perf_counter()
-            if device.type == "cuda":
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
+            clock.start()
         with torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None):
-            loss = criterion(net(images), labels)
+            loss = criterion(net(parts.images), parts.labels)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        scheduler.step_update(num_updates=step + 1)
-    if device.type == "cuda":
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-    _wait(device)
-    timings.append(time.perf_counter() - started)
-    device_ms = start.elapsed_time(end) / steps if start is not None and end is not None else math.nan
-    return {"host_ms": 1000 * timings[0] / steps, "device_ms": device_ms}
+        parts.scheduler.step_update(num_updates=step + 1)
+    return clock.stop(steps)
+
+
+def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
+    """The same parts in the smallest LightningModule (training_step, optimizer, scheduler) and a bare Trainer: what
+    Lightning's own loop costs, apart from what imgcls adds to it."""
+    import lightning as L
+
+    parts = _parts(cfg, steps + warmup)
+    clock = _Clock(parts.device)
+    precision = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed", None: "32-true"}[parts.half]
+
+    class Minimal(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = parts.net
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return {"optimizer": parts.optimizer, "lr_scheduler": {"scheduler": parts.scheduler, "interval": "step"}}
+
+        def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+            scheduler.step_update(num_updates=self.global_step)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if batch_idx == warmup - 1:
+                clock.start()
+            if batch_idx == warmup + steps - 1:
+                clock.stop(steps)
+
+    class SameBatch:  # an iterable of the one batch (a list would be several loaders to Lightning)
+        def __len__(self) -> int:
+            return steps + warmup
+
+        def __iter__(self) -> Any:
+            return iter([(parts.images, parts.labels)] * (steps + warmup))
+
+    trainer = L.Trainer(
+        accelerator=parts.device.type, devices=1, precision=precision, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        benchmark=not bool(cfg.deterministic),
+    )  # fmt: skip
+    trainer.fit(Minimal(), SameBatch())
+    return clock.result
 
 
 def _wait(device: torch.device) -> None:
@@ -171,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         from imgcls.hardware import resolve_auto_hardware
 
         resolve_auto_hardware(cfg)
-        results: dict[str, list[dict[str, float]]] = {"bare PyTorch loop": [], "imgcls (mode=benchmark)": []}
+        results: dict[str, list[dict[str, float]]] = {
+            "bare PyTorch loop": [], "Lightning, smallest module": [], "imgcls (mode=benchmark)": [],
+        }  # fmt: skip
         for _ in range(args.repeats):
             results["bare PyTorch loop"].append(bare_loop(cfg, args.steps, args.warmup))
+            results["Lightning, smallest module"].append(lightning_loop(cfg, args.steps, args.warmup))
             results["imgcls (mode=benchmark)"].append(imgcls_loop(cfg))
         print(table(results, cfg, args.steps))
         if args.profile:
