@@ -3,10 +3,11 @@ bare PyTorch loop, over the same network and the same batch on the device.
 
 The bare loop is what a user would write: forward, loss, backward, optimizer step, scheduler step, with autocast
 and a GradScaler under precision=amp, and no host sync. The smallest LightningModule (training_step, the same
-optimizer and schedule) under a bare Trainer shows what Lightning's own loop costs. imgcls's loop is `mode=benchmark`
-(the real Trainer, module, callbacks and data module; data=synthetic: one batch on the device). Each loop runs `--repeats` times, alternating,
-and the table shows the median ms a step and the spread. On a GPU the timing waits for the device at the ends
-only, so a loop whose host work per step exceeds the device's shows it; the device ms a step come from CUDA events.
+optimizer and schedule) under a bare Trainer shows what Lightning's own loop costs. imgcls's loop is
+`mode=benchmark` (the real Trainer, module, callbacks and data module; data=synthetic: one batch on the device).
+Each loop runs `--repeats` times, alternating, and the table shows the median ms a step and the spread. On a GPU
+the timing waits for the device at the ends only, so a loop whose host work per step exceeds the device's shows
+it; the device ms a step come from CUDA events.
 
 The default network is timm's `test_resnet` at 8 px, batch 8, fp32 on the CPU: its compute is a few ms, so the
 host work of the loop around it shows. `--profile N` prints imgcls's N costliest functions (cProfile, own time).
