@@ -51,6 +51,10 @@ def wandb_run(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> P
         "recipe.ema_decay=0.9",
     )  # fmt: skip
     for extra in ("trainer.max_epochs=1", "ckpt_path=last"):
+        if extra == "ckpt_path=last":
+            # wandb names an offline run's folder by its start time in whole seconds: a first run shorter than a
+            # second (a fast machine) and its resume shared one folder (CI, once). A new second, on any machine.
+            time.sleep(1.1)
         EVAL_FORWARDS.append(0)
         run(compose_config([*args, extra], run_dir=run_dir))
     mp.undo()
