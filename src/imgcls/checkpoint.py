@@ -6,6 +6,8 @@ checkpoint a run may resume from.
 - RUN_DIR/checkpoints/best.ckpt: the best val top-1.
 - RUN_DIR/checkpoints/epoch_NNNN.ckpt: with callbacks.checkpoint.keep_epochs=N, the newest N epochs (-1: all).
 - Every save is atomic and fsynced (storage.write_atomic), so a kill never leaves a truncated last.ckpt.
+- A restarted job (SLURM requeue, torchrun restart, submitit) resumes from its newest checkpoint by step, and no
+  run writes a checkpoint of an earlier step over a later one (resume_path, check_no_earlier_over_later).
 """
 
 from __future__ import annotations
@@ -43,10 +45,24 @@ def best_path(run_dir: str | Path) -> Path:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, through storage.write_atomic (why: see storage.py)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._written: set[Path] = set()  # files this process wrote: their steps only grow
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if "://" in str(path):  # s3://, gs://: object stores commit uploads atomically themselves
             return super().save_checkpoint(checkpoint, path, storage_options)
-        write_atomic(Path(path), lambda tmp: torch.save(checkpoint, tmp), what="checkpoint", durable=True)
+        path = Path(path)
+        if path not in self._written and path.is_file():
+            # The start checked the run dir (check_no_earlier_over_later); this holds for any other way in.
+            step, held = checkpoint.get("global_step"), checkpoint_step(path)
+            if step is not None and held is not None and held > int(step):
+                raise CheckpointError(
+                    f"{path} holds step {held} and this run is at step {step}: not replaced by an earlier step; "
+                    "resume with ckpt_path=last, or start over in a new run dir (hydra.run.dir=...)"
+                )
+        write_atomic(path, lambda tmp: torch.save(checkpoint, tmp), what="checkpoint", durable=True)
+        self._written.add(path)
 
 
 def _checkpoint(dirpath: Path, filename: str, kind: type[ModelCheckpoint] = ModelCheckpoint, **kwargs: Any) -> Any:
@@ -131,15 +147,61 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: str | Path) -> str | None:
     return str(ckpt_path)
 
 
-def requeued_checkpoint(run_dir: str | Path) -> str | None:
-    """The newest RUN_DIR/hpc_ckpt_N.ckpt: the checkpoint Preemption linked before the job was requeued (Lightning's
-    name, which its SLURM resume looks for), or None."""
-    numbered = []
-    for path in Path(run_dir).glob("hpc_ckpt_*.ckpt"):
-        number = path.stem.removeprefix("hpc_ckpt_")
-        if number.isdigit():
-            numbered.append((int(number), path))
-    return str(max(numbered)[1]) if numbered else None
+def requeue_checkpoints(run_dir: str | Path) -> list[Path]:
+    """RUN_DIR/hpc_ckpt_N.ckpt: the checkpoints Preemption linked before the job was requeued (Lightning's name, which
+    its own SLURM resume looks for)."""
+    return [p for p in Path(run_dir).glob("hpc_ckpt_*.ckpt") if p.stem.removeprefix("hpc_ckpt_").isdigit()]
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The optimizer step a checkpoint file was saved at (its metadata only: mmap), None if it is not readable."""
+    try:
+        return int(safe_torch_load(Path(path), mmap=True)["global_step"])
+    except Exception:  # noqa: BLE001 - unreadable or not a Lightning checkpoint: it holds no step to compare
+        return None
+
+
+def newest_checkpoint(run_dir: str | Path) -> tuple[str, int] | None:
+    """The run's checkpoint with the highest step, whichever file it is in: last.ckpt (every save) or an hpc_ckpt_N
+    (a requeue's link, which a later save of last.ckpt leaves behind)."""
+    steps = [(step, str(path)) for path in [last_path(run_dir), *requeue_checkpoints(run_dir)]
+             if path.is_file() and (step := checkpoint_step(path)) is not None]  # fmt: skip
+    if not steps:
+        return None
+    step, path = max(steps, key=lambda s: (s[0], s[1].endswith("last.ckpt")))
+    return path, step
+
+
+def resume_path(ckpt_path: str | None, run_dir: str | Path, restarted_by: str | None) -> str | None:
+    """The checkpoint this run resumes from: ckpt_path= when given (`last`: last.ckpt); else, when the launcher
+    restarted this job (a SLURM requeue, a torchrun restart, submitit) or a requeue left its hpc_ckpt_N here, the
+    run's newest checkpoint by step. Lightning's own SLURM resume would take the newest hpc_ckpt_N even when a
+    later last.ckpt exists; this path is given to it explicitly instead."""
+    given = resolve_ckpt_path(ckpt_path, run_dir)
+    if given is not None or ckpt_path not in (None, "", "null"):
+        return given
+    if restarted_by is None and not requeue_checkpoints(run_dir):
+        return None
+    newest = newest_checkpoint(run_dir)
+    return None if newest is None else newest[0]
+
+
+def check_no_earlier_over_later(run_dir: str | Path, resume: str | None) -> None:
+    """Refuse, before training, a run that would write checkpoints of earlier steps over this run dir's later ones: a
+    fresh start in a run dir that holds a checkpoint past step 0, or a resume from an older checkpoint than it holds
+    (its saves would replace the later last.ckpt). One line naming both, and how to start over on purpose."""
+    newest = newest_checkpoint(run_dir)
+    if newest is None or newest[1] == 0:
+        return
+    path, step = newest
+    start = 0 if resume is None else checkpoint_step(resume) or 0
+    if start >= step:
+        return
+    what = "starts at step 0" if resume is None else f"resumes from {resume} at step {start}"
+    raise CheckpointError(
+        f"run_dir={run_dir} holds {path} at step {step} and this run {what}: its checkpoints would replace a later "
+        f"one; resume it with ckpt_path=last, or start over in a new run dir (hydra.run.dir=...)"
+    )
 
 
 def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:

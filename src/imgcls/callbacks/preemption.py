@@ -21,7 +21,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -57,6 +57,18 @@ def requeue_by() -> str | None:
         return "slurm"
     if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
         return "submitit_local"
+    return None
+
+
+def restarted_by(env: Mapping[str, str] | None = None) -> str | None:
+    """Which launcher restarted this job, when it is a restart: SLURM requeues keep SLURM_JOB_ID and count in
+    SLURM_RESTART_COUNT; torchrun's elastic agent counts in TORCHELASTIC_RESTART_COUNT. None for a first start.
+    (submitit's local executor counts nothing: its restarts are told by the hpc_ckpt_N its requeue leaves.)"""
+    env = os.environ if env is None else env
+    for variable, launcher in (("SLURM_RESTART_COUNT", "SLURM requeue"), ("TORCHELASTIC_RESTART_COUNT", "torchrun")):
+        count = env.get(variable, "")
+        if count.isdigit() and int(count) > 0:
+            return f"{launcher} ({variable}={count})"
     return None
 
 
