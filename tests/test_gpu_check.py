@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +24,7 @@ from imgcls.config_checks import check_config
 from imgcls.plan import resolve_plan
 from imgcls.published_throughput import THROUGHPUT
 from imgcls.trainer import check_trainer_args
-from tests.conftest import ROOT, compose_config, tiny_overrides
+from tests.conftest import ROOT, compose_config
 
 
 @pytest.mark.slow
@@ -79,6 +81,14 @@ def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: st
     assert syncbn.data.backend == "synthetic"
     assert ddp.trainer.devices == 8 and ddp.trainer.strategy == "ddp" and ddp.precision.name == "amp"
     assert ddp.recipe.ema_decay and amp.recipe.ema_decay and amp.trainer.limit_val_batches == 2  # EMA, validation
+    # the training row: one epoch of --steps batches, which ends, so it validates (max_steps would stop before)
+    assert (amp.trainer.max_epochs, amp.trainer.limit_train_batches, amp.trainer.max_steps) == (1, 40, -1)
+    assert amp.trainer.check_val_every_n_epoch == 1 and amp.trainer.val_check_interval is None
+    # ddp_nccl: the single-GPU benchmark's batch on each of the 8 GPUs, no accumulation (its mark compares them)
+    ddp_plan = resolve_plan(ddp, check_devices=False)
+    assert (ddp_plan.per_device_batch, ddp_plan.accumulation, ddp.recipe.global_batch_size) == (256, 1, 2048)
+    assert list(plan).index("resnet50_amp_benchmark") < list(plan).index("ddp_nccl")
+    assert list(plan).index("bare_loop") == list(plan).index("resnet50_amp_benchmark") + 1
     benchmark = configs["resnet50_amp_benchmark"]
     assert (benchmark.mode, benchmark.model.arch, benchmark.precision.name) == ("benchmark", "resnet50", "amp")
     assert benchmark.hardware.name == hardware
@@ -128,6 +138,9 @@ def test_one_gpu_runs_the_ddp_rows_as_one_process(capsys: pytest.CaptureFixture)
         assert "trainer.devices=1" in plan[path] and "trainer.strategy=ddp" in plan[path]
     checks = {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data", 40, "/tmp/x")}
     assert all(c.needs_gpus == 1 for c in checks.values())
+    # ddp_nccl on one GPU runs the single-GPU benchmark's batch: 256, no accumulation (the profile's 2048 would be 8)
+    assert {"data.batch_size=256", "recipe.global_batch_size=256"} <= set(plan["ddp_nccl"])
+    assert {"data.batch_size=256", "recipe.global_batch_size=256"} <= set(plan["resnet50_amp_benchmark"])
 
 
 def test_benchmark_pass_mark_is_nvidias_number_for_the_gpu() -> None:
@@ -137,29 +150,39 @@ def test_benchmark_pass_mark_is_nvidias_number_for_the_gpu() -> None:
     assert fraction == 1.0 and "NVIDIA H200 is not the GPU" in why
 
 
+def small_on_cpu(overrides: tuple[str, ...], **replaced: str) -> tuple[str, ...]:
+    """A planned GPU row's overrides made a seconds-long CPU run: `replaced` (dots as '__') swapped in, test_resnet
+    at 32 px, batch 8, no loader workers, fp16 autocast with GradScaler("cpu") standing in for CUDA's."""
+    small = {"data.batch_size": "8", "recipe.global_batch_size": "8", "model.arch": "test_resnet",
+             "model.image_size": "32", "data.num_workers": "0", "precision.cpu_fp16": "true"}  # fmt: skip
+    small.update({key.replace("__", "."): value for key, value in replaced.items()})
+    kept = [o for o in overrides if o.split("=", 1)[0] not in small]
+    return (*kept, *(f"{key}={value}" for key, value in small.items() if value is not None))
+
+
 @pytest.mark.slow
 def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> None:
-    """The execution half on CPU: the amp+GradScaler check as a real train.py subprocess (fp16 autocast with
-    GradScaler("cpu") stands in for CUDA), its row read from the run's report.json."""
-    overrides = (
-        *tiny_overrides(
-            image_folder,
-            "precision=amp",
-            "precision.cpu_fp16=true",
-            "trainer.max_steps=3",
-            "recipe.epochs=1",
-            "recipe.warmup_epochs=0",
-        ),
-        f"hydra.run.dir={tmp_path}/run",
-    )
+    """The execution half on CPU: the planned amp+GradScaler row (hardware=cpu, test_resnet, batch 8, 3 steps) as
+    a real train.py subprocess; its row read from the run's report.json, which has validated the raw and the EMA
+    weights. The old row's setting (trainer.max_steps inside an epoch) stops before validating: that fails."""
+    planned_row = {c.path: c for c in gpu_check.plan("cpu", 1, str(image_folder), 3, str(tmp_path))}["amp+GradScaler"]
+    assert {"recipe.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+            "recipe.ema_decay=0.999"} <= set(planned_row.overrides)  # fmt: skip
+    overrides = small_on_cpu(planned_row.overrides)
     row = gpu_check.execute(gpu_check.Check("amp+GradScaler", overrides), "cpu", gpus=1)
     assert row["status"] == "ok", row
-    assert row["ips"] > 0 and row["note"].startswith("skipped steps 0, loss ")
-    failing = gpu_check.execute(
-        gpu_check.Check("bf16", (*overrides[:-1], "model.image_size=-5", f"hydra.run.dir={tmp_path}/bad")),
-        "cpu",
-        gpus=1,
-    )
+    assert row["ips"] > 0 and row["syncs"] is None, row  # report.json has no host-syncs figure
+    trained = r"skipped steps 0, loss \d+\.\d{3}, val\.top1 \d+\.\d%, val_ema\.top1 \d+\.\d%"
+    assert re.fullmatch(trained, row["note"]), row
+    document = json.loads((tmp_path / "amp_GradScaler" / "report.json").read_text())
+    assert [epoch["step"] for epoch in document["epochs"]] == [3]  # 3 steps (of 6 batches), then validation
+    stopped_early = small_on_cpu(planned_row.overrides, trainer__limit_train_batches=None, trainer__max_steps="3",
+                                 hydra__run__dir=f"{tmp_path}/max_steps")  # fmt: skip
+    unvalidated = gpu_check.execute(gpu_check.Check("amp+GradScaler", stopped_early), "cpu", gpus=1)
+    assert unvalidated["status"] == "FAILED", unvalidated
+    assert unvalidated["note"].startswith("missing or not finite in report.json's run summary: val.top1, val_ema.top1 ")
+    bad = small_on_cpu(planned_row.overrides, model__image_size="-5", hydra__run__dir=f"{tmp_path}/bad")
+    failing = gpu_check.execute(gpu_check.Check("bf16", bad), "cpu", gpus=1)
     assert failing["status"] == "FAILED" and failing["note"].startswith("exit 2: ")
 
 
@@ -189,7 +212,7 @@ def test_table_marks_failures() -> None:
     assert "| resnet50_amp_benchmark | FAILED | - | 2470 | - | exit 1: x |" in text
 
 
-# --- the pass marks, on fabricated run outputs (subprocess.run replaced: nothing runs) ----------------------------
+# --- the pass marks, on fabricated run outputs (run_process replaced: nothing runs) -------------------------------
 
 H200 = "NVIDIA H200"  # no NVIDIA row: the resnet50 row's published mark is 1.0x the A100's 2470 img/s
 
@@ -207,7 +230,7 @@ def overhead_table(bare_ms: float, imgcls_ms: float, batch: int = 256) -> str:
 
 
 class FakeRuns:
-    """subprocess.run for execute(): writes what a run would leave (report.json / benchmark.json in its
+    """run_process for execute(): writes what a run would leave (report.json / benchmark.json in its
     hydra.run.dir, or bench.overhead's table on stdout) and records the commands."""
 
     def __init__(self, outputs: dict[str, Any], returncode: int = 0) -> None:
@@ -215,15 +238,15 @@ class FakeRuns:
         self.returncode = returncode
         self.commands: list[list[str]] = []
 
-    def __call__(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    def __call__(self, command: list[str], output: Any, timeout_s: float | None = None) -> int:
         self.commands.append(command)
         if "imgcls.bench.overhead" in command:
-            kwargs["stdout"].write("some log line\n" + self.outputs["overhead"] + "\n")
+            output.write("some log line\n" + self.outputs["overhead"] + "\n")
         else:
             run_dir = Path(next(a.split("=", 1)[1] for a in command if a.startswith("hydra.run.dir=")))
             name, document = self.outputs[run_dir.name]
             (run_dir / name).write_text(json.dumps(document))
-        return subprocess.CompletedProcess(command, self.returncode)
+        return self.returncode
 
 
 def checks(tmp_path: Path) -> dict[str, gpu_check.Check]:
@@ -245,7 +268,7 @@ def test_cifar_end_to_end_passes_at_total_90_percent_of_compute(tmp_path, monkey
     assert "data.num_workers=14" in check.overrides and check.extra == {"total_vs_compute": 0.9}
     for total, status in ((11500, "ok"), (10800, "ok"), (10000, "FAILED")):  # of 12000 compute: 0.96, 0.90, 0.83
         fake = FakeRuns({"cifar_end_to_end": report(total, 12000)})
-        monkeypatch.setattr(gpu_check.subprocess, "run", fake)
+        monkeypatch.setattr(gpu_check, "run_process", fake)
         row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
         assert row["status"] == status, row
         assert row["ips"] == total and row["syncs"] is None  # report.json has no host-syncs figure
@@ -259,7 +282,7 @@ def test_cifar_end_to_end_passes_at_total_90_percent_of_compute(tmp_path, monkey
 def test_cifar_end_to_end_without_compute_ips_fails(tmp_path, monkeypatch) -> None:
     name, document = report(11500, 12000)
     del document["run"]["train.compute_ips"]
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"cifar_end_to_end": (name, document)}))
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"cifar_end_to_end": (name, document)}))
     row = gpu_check.execute(checks(tmp_path)["cifar_end_to_end"], "dgxa100", 1, gpu_name=H200)
     assert row["status"] == "FAILED" and "no train.total_ips and train.compute_ips" in row["note"]
 
@@ -275,7 +298,7 @@ def test_cifar_end_to_end_without_compute_ips_fails(tmp_path, monkeypatch) -> No
 )
 def test_resnet50_benchmark_marks(tmp_path, monkeypatch, total: float, syncs: float, status: str, failing) -> None:
     compute = 6055 if total == 5677 else 6010
-    monkeypatch.setattr(gpu_check.subprocess, "run",
+    monkeypatch.setattr(gpu_check, "run_process",
                         FakeRuns({"resnet50_amp_benchmark": benchmark(total, compute, syncs)}))  # fmt: skip
     row = gpu_check.execute(checks(tmp_path)["resnet50_amp_benchmark"], "dgxa100", 1, gpu_name=H200)
     assert row["status"] == status, row
@@ -290,7 +313,7 @@ def test_resnet50_benchmark_marks(tmp_path, monkeypatch, total: float, syncs: fl
 
 
 def test_resnet50_benchmark_still_fails_below_nvidias_number(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"resnet50_amp_benchmark": benchmark(2400, 2450, 0)}))
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"resnet50_amp_benchmark": benchmark(2400, 2450, 0)}))
     row = gpu_check.execute(checks(tmp_path)["resnet50_amp_benchmark"], "dgxa100", 1, gpu_name=H200)
     assert row["status"] == "FAILED" and "0.97x of it, pass mark 1.00x" in row["note"]
     assert ": FAILED" not in row["note"]  # its own marks (0.98x compute, no syncs) pass
@@ -299,7 +322,7 @@ def test_resnet50_benchmark_still_fails_below_nvidias_number(tmp_path, monkeypat
 @pytest.mark.parametrize("path", ["bf16", "syncbn_efficientnet", "ddp_nccl", "compile"])
 def test_every_row_with_host_syncs_fails_past_0_1_a_step(tmp_path, monkeypatch, path: str) -> None:
     for syncs, status in ((0.0, "ok"), (0.1, "ok"), (0.2, "FAILED")):
-        monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({path: benchmark(5000, 5100, syncs)}))
+        monkeypatch.setattr(gpu_check, "run_process", FakeRuns({path: benchmark(5000, 5100, syncs)}))
         row = gpu_check.execute(checks(tmp_path)[path], "dgxa100", 1, gpu_name=H200)
         assert row["status"] == status, row
         assert (
@@ -310,7 +333,7 @@ def test_every_row_with_host_syncs_fails_past_0_1_a_step(tmp_path, monkeypatch, 
 def test_tf32_row_keeps_its_failure_and_marks_syncs(tmp_path, monkeypatch) -> None:
     name, document = benchmark(2000, 2100, 0.2)
     document["cuda.tf32"] = 0.0  # precision=tf32 left TF32 off: the row's own failure, and its syncs mark
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"tf32": (name, document)}))
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"tf32": (name, document)}))
     row = gpu_check.execute(checks(tmp_path)["tf32"], "dgxa100", 1, gpu_name=H200)
     assert row["status"] == "FAILED"
     assert (
@@ -319,13 +342,154 @@ def test_tf32_row_keeps_its_failure_and_marks_syncs(tmp_path, monkeypatch) -> No
     )
 
 
-def test_a_row_without_syncs_figure_has_no_syncs_mark(tmp_path, monkeypatch) -> None:
+def trained(**changes: Any) -> tuple[str, dict[str, Any]]:
+    """The training row's report.json: validated, with the EMA copy, and the GradScaler's count (`changes`: keys of
+    the run summary with dots as '__'; None removes one)."""
     name, document = report(400, 450)
-    document["run"].update({"train.amp_skipped_steps": 0})
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"amp_GradScaler": (name, document)}))
+    document["run"].update({"train.amp_skipped_steps": 0, "val_ema.top1": 30.0})
+    for key, value in changes.items():
+        key = key.replace("__", ".")
+        document["run"].pop(key) if value is None else document["run"].update({key: value})
+    return name, document
+
+
+def test_a_row_without_syncs_figure_has_no_syncs_mark(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"amp_GradScaler": trained()}))
     row = gpu_check.execute(checks(tmp_path)["amp+GradScaler"], "dgxa100", 1, gpu_name=H200)
     assert row == {"path": "amp+GradScaler", "status": "ok", "ips": 400, "published": None, "syncs": None,
-                   "note": "skipped steps 0, loss 2.100"}  # fmt: skip
+                   "note": "skipped steps 0, loss 2.100, val.top1 31.2%, val_ema.top1 30.0%"}  # fmt: skip
+
+
+def test_training_row_reports_host_syncs_when_its_report_has_them(tmp_path, monkeypatch) -> None:
+    """report.json has no host-syncs figure today; if it had one, the training row would carry it and its mark."""
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"amp_GradScaler": trained(train__host_syncs_per_step=0.5)}))
+    row = gpu_check.execute(checks(tmp_path)["amp+GradScaler"], "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED" and row["syncs"] == 0.5
+    assert row["note"].endswith("val_ema.top1 30.0%; host syncs 0.50 a step (mark <= 0.1): FAILED")
+
+
+@pytest.mark.parametrize(
+    ("changes", "missing"),
+    [
+        ({"val__top1": None, "val_ema__top1": None}, "val.top1, val_ema.top1"),  # stopped before validating
+        ({"val_ema__top1": None}, "val_ema.top1"),  # validated without the EMA copy
+        ({"val_ema__top1": float("nan")}, "val_ema.top1"),
+        ({"train__amp_skipped_steps": None}, "train.amp_skipped_steps"),
+        ({"train__loss": float("inf")}, "train.loss"),
+    ],
+)
+def test_training_row_fails_unless_it_validated_with_ema(tmp_path, monkeypatch, changes, missing: str) -> None:
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"amp_GradScaler": trained(**changes)}))
+    row = gpu_check.execute(checks(tmp_path)["amp+GradScaler"], "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED" and row["ips"] == 400, row
+    assert row["note"] == (f"missing or not finite in report.json's run summary: {missing} (a GradScaler count, "
+                           "a loss, validation of the raw and EMA weights)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpus", "ratio", "status", "mark"),
+    [
+        (1, 0.96, "ok", "mark >= 0.95x"),
+        (1, 0.95, "ok", "mark >= 0.95x"),
+        (1, 0.90, "FAILED", "mark >= 0.95x"),
+        (8, 0.92 * 8, "ok", "mark >= 0.90 x 8 = 7.20x"),
+        (8, 0.90 * 8, "ok", "mark >= 0.90 x 8 = 7.20x"),
+        (8, 0.85 * 8, "FAILED", "mark >= 0.90 x 8 = 7.20x"),
+    ],
+)
+def test_ddp_row_scales_the_single_gpu_benchmark(tmp_path, monkeypatch, gpus: int, ratio, status, mark) -> None:
+    """ddp_nccl (all ranks' img/s) against resnet50_amp_benchmark's on one GPU, the same batch 256 a GPU."""
+    check = {c.path: c for c in gpu_check.plan("dgxa100", gpus, "/data", 40, str(tmp_path))}["ddp_nccl"]
+    assert {f"trainer.devices={gpus}", "data.batch_size=256", f"recipe.global_batch_size={256 * gpus}"} <= set(
+        check.overrides
+    )
+    single = 6000.0
+    ddp_ips = ratio * single
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"ddp_nccl": benchmark(ddp_ips, ddp_ips * 1.02, 0.0)}))
+    done = {"resnet50_amp_benchmark": {"path": "resnet50_amp_benchmark", "ips": single}}
+    row = gpu_check.execute(check, "dgxa100", gpus, gpu_name=H200, done=done)
+    assert row["status"] == status, row
+    assert row["published"] == THROUGHPUT[("resnet50", "dgxa100", "amp")][gpus]
+    gpus_text = "1 GPU" if gpus == 1 else f"{gpus} GPUs"
+    expected = (f"{gpus_text} {ddp_ips:.0f} img/s = {ratio:.2f}x resnet50_amp_benchmark's 6000 ({mark})"
+                + (": FAILED" if status == "FAILED" else ""))  # fmt: skip
+    assert row["note"] == f"NVIDIA A.2 DGX A100 (8x A100 80GB); {expected}; host syncs 0.00 a step (mark <= 0.1)"
+
+
+def test_ddp_row_without_the_single_gpu_row(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["ddp_nccl"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"ddp_nccl": benchmark(5500, 5600, 0.0)}))
+    alone = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)  # --only ddp_nccl: nothing to compare
+    assert alone["status"] == "ok", alone
+    assert "no resnet50_amp_benchmark row in this run: mark >= 0.95x not checked" in alone["note"]
+    failed = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"resnet50_amp_benchmark": {"ips": None}})
+    assert failed["status"] == "FAILED"
+    assert "resnet50_amp_benchmark has no img/s to compare with (mark >= 0.95x): FAILED" in failed["note"]
+
+
+FAKE_TRAIN = """
+import subprocess, sys, time
+# a 'DDP rank' of this run: a grandchild of gpu_check, in the run's process group; it writes its pid when ready
+subprocess.Popen(["sh", "-c", sys.argv[1] + "echo $$ > " + sys.argv[2] + ".tmp && mv " + sys.argv[2] + ".tmp "
+                  + sys.argv[2] + " && exec sleep 600"])
+time.sleep(600)
+"""
+
+
+def gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process `pid` has ended within `within_s` (a zombie waiting for its reaper counts as ended)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X"):
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_timeout_stops_the_rows_whole_process_group(tmp_path, monkeypatch, ignores_sigterm: bool) -> None:
+    """A row past its time limit: FAILED, and every process it started is gone, not only the one gpu_check
+    started (Lightning's other DDP ranks would hold their GPUs through the rows after it). One that ignores
+    SIGTERM gets SIGKILL after the grace period."""
+    monkeypatch.setattr(gpu_check, "KILL_GRACE_S", 1.0)
+    script, pid_file = tmp_path / "fake_train.py", tmp_path / "grandchild.pid"
+    script.write_text(FAKE_TRAIN)
+    trap = "trap '' TERM; " if ignores_sigterm else ""
+    check = gpu_check.Check("bf16", (trap, str(pid_file)), program=(str(script),), run_dir=str(tmp_path / "run"))
+    started = time.monotonic()
+    row = gpu_check.execute(check, "dgxa100", 1, timeout_s=4, gpu_name=H200)
+    took = time.monotonic() - started
+    assert pid_file.exists(), "the fake run did not start its grandchild within the time limit"
+    grandchild = int(pid_file.read_text())
+    try:
+        assert row["status"] == "FAILED" and row["note"].startswith("no result in 4 s, its process group stopped"), row
+        assert gone(grandchild), f"process {grandchild} of the timed-out row still runs"
+        assert took < 4 + 3 * gpu_check.KILL_GRACE_S + 5, took
+    finally:
+        if not gone(grandchild, within_s=0):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_row_that_exits_leaves_no_process_behind(tmp_path) -> None:
+    """A run whose own process exits while a child of it still runs (a rank that outlived rank 0): stopped too."""
+    script, pid_file = tmp_path / "fake_train.py", tmp_path / "grandchild.pid"
+    script.write_text(FAKE_TRAIN.replace("time.sleep(600)", "while not __import__('os').path.exists(sys.argv[2]): "
+                                                            "time.sleep(0.05)\nsys.exit(3)"))  # fmt: skip
+    check = gpu_check.Check("bf16", ("", str(pid_file)), program=(str(script),), run_dir=str(tmp_path / "run"))
+    row = gpu_check.execute(check, "dgxa100", 1, timeout_s=60, gpu_name=H200)
+    grandchild = int(pid_file.read_text())
+    try:
+        assert row["status"] == "FAILED" and row["note"].startswith("exit 3: "), row
+        assert gone(grandchild), f"process {grandchild} of the row still runs"
+    finally:
+        if not gone(grandchild, within_s=0):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 def test_bare_loop_row_compares_the_resnet50_row_with_the_bare_loop(tmp_path, monkeypatch) -> None:
@@ -334,7 +498,7 @@ def test_bare_loop_row_compares_the_resnet50_row_with_the_bare_loop(tmp_path, mo
     assert check.directory() == tmp_path / "bare_loop"
     # bare loop 40 ms a step at batch 256: 6400 img/s; bench.overhead's own imgcls loop 41 ms: 6244 img/s
     fake = FakeRuns({"overhead": overhead_table(40.0, 41.0)})
-    monkeypatch.setattr(gpu_check.subprocess, "run", fake)
+    monkeypatch.setattr(gpu_check, "run_process", fake)
     cases = ((6200, "ok", "0.97x"), (6080, "ok", "0.95x"), (5760, "FAILED", "0.90x"))  # 0.95x is the mark
     for ips, status, ratio in cases:
         done = {"resnet50_amp_benchmark": {"path": "resnet50_amp_benchmark", "ips": ips}}
@@ -352,17 +516,17 @@ def test_bare_loop_row_compares_the_resnet50_row_with_the_bare_loop(tmp_path, mo
 
 def test_bare_loop_row_without_the_resnet50_row_or_its_table(tmp_path, monkeypatch) -> None:
     check = checks(tmp_path)["bare_loop"]
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"overhead": overhead_table(40.0, 41.0)}))
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"overhead": overhead_table(40.0, 41.0)}))
     alone = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)  # --only bare_loop: nothing to compare
     assert alone["status"] == "ok" and alone["note"].startswith("no resnet50_amp_benchmark row in this run")
     failed = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200,
                                done={"resnet50_amp_benchmark": {"ips": None}})  # fmt: skip
     assert failed["status"] == "FAILED" and "has no img/s to compare" in failed["note"]
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"overhead": "Traceback: nothing printed"}))
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"overhead": "Traceback: nothing printed"}))
     broken = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"resnet50_amp_benchmark": {"ips": 6000}})
     assert broken == {"path": "bare_loop", "status": "FAILED", "ips": None, "published": None, "syncs": None,
                       "note": "no bench.overhead table in the output"}  # fmt: skip
-    monkeypatch.setattr(gpu_check.subprocess, "run", FakeRuns({"overhead": "boom"}, returncode=1))
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"overhead": "boom"}, returncode=1))
     crashed = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"resnet50_amp_benchmark": {"ips": 6000}})
     assert crashed["status"] == "FAILED" and crashed["note"].startswith("exit 1: ")
 
@@ -394,13 +558,39 @@ def test_main_runs_the_bare_loop_after_the_resnet50_row_and_exits_1_on_a_missed_
     for resnet50_ips, code in ((6300, 0), (5760, 1)):
         fake = FakeRuns({"resnet50_amp_benchmark": benchmark(resnet50_ips, resnet50_ips + 50, 0.0),
                          "overhead": overhead_table(40.0, 41.0)})  # fmt: skip
-        monkeypatch.setattr(gpu_check.subprocess, "run", fake)
+        monkeypatch.setattr(gpu_check, "run_process", fake)
         assert gpu_check.main(argv) == code
         out = capsys.readouterr().out
         assert [c[1:3] for c in fake.commands] == [[str(ROOT / "train.py"), "model=resnet50"],
                                                   ["-m", "imgcls.bench.overhead"]]  # fmt: skip
         assert "| resnet50_amp_benchmark | ok | " in out
         assert f"| bare_loop | {'ok' if code == 0 else 'FAILED'} | 6400 | - | - | resnet50_amp_benchmark " in out
+
+
+def test_main_runs_ddp_after_the_single_gpu_benchmark_and_exits_1_on_a_missed_mark(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """main() on a pretend 1-GPU H200, --only naming ddp_nccl first: the single-GPU benchmark still runs before
+    it, and its img/s reach the ddp_nccl row's mark."""
+    for split in ("train", "val"):
+        (tmp_path / "data" / split).mkdir(parents=True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(name=H200, total_memory=141 * 2**30))  # fmt: skip
+    monkeypatch.setattr(gpu_check.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "runs"))
+    argv = ["--data", str(tmp_path / "data"), "--only", "ddp_nccl,resnet50_amp_benchmark"]
+    for ddp_ips, code in ((5800, 0), (5400, 1)):  # of 6000 img/s on one GPU: 0.97x, 0.90x (mark 0.95x)
+        fake = FakeRuns({"resnet50_amp_benchmark": benchmark(6000, 6050, 0.0), "ddp_nccl": benchmark(ddp_ips, 6000, 0)})
+        monkeypatch.setattr(gpu_check, "run_process", fake)
+        assert gpu_check.main(argv) == code
+        out = capsys.readouterr().out
+        run_dirs = [
+            next(Path(a.split("=", 1)[1]).name for a in c if a.startswith("hydra.run.dir=")) for c in fake.commands
+        ]
+        assert run_dirs == ["resnet50_amp_benchmark", "ddp_nccl"]
+        assert f"| ddp_nccl | {'ok' if code == 0 else 'FAILED'} | {ddp_ips} | 2470 | 0.00 | " in out
+        assert f"1 GPU {ddp_ips} img/s = {ddp_ips / 6000:.2f}x resnet50_amp_benchmark's 6000 (mark >= 0.95x)" in out
 
 
 @pytest.mark.slow
