@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import imgcls.train
 from imgcls.errors import ConfigError
@@ -171,17 +172,180 @@ def test_int8_export_of_a_qat_checkpoint_requantizes_its_fine_tuned_weights_for_
     assert (logits.argmax(1) == fake_quant.argmax(1)).mean() >= 0.9
 
 
-def test_calibration_runs_on_the_gpu_of_each_srun_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    """srun sets SLURM_LOCALID, not LOCAL_RANK: every task used to calibrate on cuda:0 (structural: no GPU here)."""
-    from imgcls.quantization import qat
+def _mock_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> list[object]:
+    """`count` GPUs as torch.cuda reports them (structural: no GPU here); the CUDA calls made, in order. The
+    context-making calls a library would make on the current device are recorded too, and fail."""
+    calls: list[object] = []
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    def record(name: str, result: object = None) -> object:
+        def call(*args: object) -> object:
+            calls.append((name, *args) if args else name)
+            if isinstance(result, BaseException):
+                raise result
+            return result
+
+        return call
+
+    monkeypatch.setattr(torch.cuda, "is_available", record("is_available", True))
+    monkeypatch.setattr(torch.cuda, "device_count", record("device_count", count))
+    monkeypatch.setattr(torch.cuda, "set_device", record("set_device"))
+    for name in ("current_device", "init", "synchronize", "_lazy_init"):
+        monkeypatch.setattr(torch.cuda, name, record(name, RuntimeError(f"torch.cuda.{name}: no GPU here")))
+    return calls
+
+
+@pytest.mark.parametrize("variable", ["SLURM_LOCALID", "LOCAL_RANK"])
+def test_calibration_makes_the_gpu_of_each_task_current_before_any_cuda_work(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """srun sets SLURM_LOCALID, not LOCAL_RANK: every task used to calibrate on cuda:0. Calibration runs before the
+    Trainer (so before Lightning sets the device): the task's GPU is made current before any CUDA work, else a
+    library call on the current device makes a context on GPU 0 from every rank."""
+    for key in ("LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(variable, "3")
+    calls = _mock_gpus(monkeypatch, 4)
+    assert qat.calibration_device() == torch.device("cuda", 3)
+    # The two queries that make no context, then the device, and nothing else.
+    assert calls == ["is_available", "device_count", ("set_device", 3)]
+
+
+def test_calibration_device_follows_the_launchers_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("SLURM_LOCALID", "3")
+    calls = _mock_gpus(monkeypatch, 8)
     assert qat.calibration_device() == torch.device("cuda", 3)
     monkeypatch.setenv("LOCAL_RANK", "5")  # Lightning's launcher and torchrun
     assert qat.calibration_device() == torch.device("cuda", 5)
+    calls.clear()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # srun --gpus-per-task=1: the task sees its own GPU
+    assert qat.calibration_device() == torch.device("cuda", 0) and calls == ["is_available", ("set_device", 0)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert qat.calibration_device() == torch.device("cpu")
+
+
+def test_quantize_makes_its_gpu_current_before_modelopt_or_the_network_touch_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _mock_gpus(monkeypatch, 4)
+
+    def no_modelopt() -> None:
+        calls.append("modelopt")
+        raise RuntimeError("stop here: the network would move to the GPU next")
+
+    monkeypatch.setattr(qat, "_modelopt", no_modelopt)
+    net = torch.nn.Linear(2, 2)
+    with pytest.raises(RuntimeError, match="stop here"):
+        qat.quantize(net, [], torch.device("cuda", 3))
+    assert calls == [("set_device", 3), "modelopt"] and net.weight.device.type == "cpu"
+
+
+@pytest.fixture
+def calibration_folder(tmp_path: Path) -> Path:
+    """A small train split with what ImageFolder's walk orders: a nested folder, an upper-case extension, a
+    file that is no image."""
+    import shutil
+
+    from tests.conftest import make_image_folder
+
+    root = make_image_folder(tmp_path / "images", classes=4, train_per_class=5, val_per_class=1, size=(24, 20))
+    (root / "train" / "class_1" / "sub").mkdir()
+    shutil.copy(root / "train" / "class_3" / "000.jpg", root / "train" / "class_1" / "sub" / "aaa.jpg")
+    shutil.copy(root / "train" / "class_0" / "001.jpg", root / "train" / "class_2" / "0005.JPG")
+    (root / "train" / "class_0" / "notes.txt").write_text("not an image")
+    return root
+
+
+def _calibration(root: Path, images: int, batch_size: int, seed: int) -> torch.Tensor:
+    from imgcls.models.trained import preprocessing_of
+
+    data = compose_config(tiny_overrides(root)).data
+    return torch.cat(list(calibration_batches(data, preprocessing_of(data), images, batch_size, seed)))
+
+
+def test_calibration_lists_the_train_split_once_through_made_once(
+    calibration_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calibration reads the one-rank file list (distributed.made_once: rank 0 walks, the others receive it), as
+    the training loader does, instead of an ImageFolder that walks the whole split (ImageNet: 1.28M files) on
+    every rank."""
+    import torchvision.datasets.folder
+
+    from imgcls.data.file_list import FileList
+    from imgcls.quantization import calibration
+
+    def no_walk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ImageFolder walked the split itself")
+
+    monkeypatch.setattr(torchvision.datasets.folder, "make_dataset", no_walk)
+    events: list[str] = []
+    real_made_once = calibration.made_once
+
+    def made_once(make: object) -> object:
+        events.append("made_once")
+        return real_made_once(make)
+
+    class CountedFileList(FileList):
+        def __init__(self, *args: object) -> None:
+            events.append("walk")
+            super().__init__(*args)
+
+    datasets = []
+
+    class SeenImageFolder(calibration.CheckedImageFolder):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            datasets.append(self)
+
+    monkeypatch.setattr(calibration, "made_once", made_once)
+    monkeypatch.setattr(calibration, "FileList", CountedFileList)
+    monkeypatch.setattr(calibration, "CheckedImageFolder", SeenImageFolder)
+    assert len(_calibration(calibration_folder, 9, 4, seed=0)) == 9
+    assert events == ["made_once", "walk"]  # one walk, inside made_once
+    assert len(datasets) == 1 and isinstance(datasets[0].files, CountedFileList) and len(datasets[0]) == 22
+
+
+def test_a_rank_that_receives_the_file_list_walks_nothing(
+    calibration_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DDP the ranks other than 0 get the list from made_once: they neither list the class folders nor walk
+    them, and calibrate on the same images."""
+    import os
+
+    from imgcls.data.file_list import FileList
+    from imgcls.data.folder import classes_of
+    from imgcls.quantization import calibration
+
+    expected = _calibration(calibration_folder, 9, 4, seed=0)
+    files = FileList(calibration_folder / "train", classes_of(calibration_folder, "train"))
+    monkeypatch.setattr(calibration, "made_once", lambda make: files)  # what a rank other than 0 receives
+    for name in ("walk", "scandir", "listdir"):
+
+        def walked(*args: object, name: str = name) -> None:
+            raise AssertionError(f"os.{name}{args} on a rank that received the file list")
+
+        monkeypatch.setattr(os, name, walked)
+    assert torch.equal(_calibration(calibration_folder, 9, 4, seed=0), expected)
+
+
+@pytest.mark.parametrize(("images", "batch_size", "seed"), [(9, 4, 0), (22, 8, 1), (100, 3, 7)])
+def test_calibration_picks_the_images_of_imagefolders_own_walk(
+    calibration_folder: Path, images: int, batch_size: int, seed: int
+) -> None:
+    """The file list keeps ImageFolder's order and labels, so the calibration images and their order stay those
+    the calibration read when it walked the split with an ImageFolder of its own (compared bit for bit with that
+    code's batches when it changed, on a folder like this one and for these seeds)."""
+    from imgcls.data.images import CheckedImageFolder
+    from imgcls.data.transforms import val_transform
+    from imgcls.models.trained import preprocessing_of
+    from imgcls.quantization.calibration import spread_pick
+
+    data = compose_config(tiny_overrides(calibration_folder)).data
+    transform = val_transform(OmegaConf.create(preprocessing_of(data)))
+    walked = CheckedImageFolder(str(calibration_folder / "train"), transform=transform)  # ImageFolder's own walk
+    order = spread_pick([t for _, t in walked.samples], seed)[:images]
+    expected = torch.stack([walked[i][0] for i in order])
+    assert torch.equal(_calibration(calibration_folder, images, batch_size, seed), expected)
 
 
 @pytest.mark.parametrize("recipe", ["qat_efficientnet_b0", "qat_efficientnet_b4"])

@@ -5,7 +5,10 @@ class's files in a seeded order), read with the VALIDATION preprocessing: calibr
 activation ranges the deployed model sees, and deployment feeds val-preprocessed images (no random crops,
 flips or RandAugment). The files are read through the folder backend's dataset (data/images.py
 CheckedImageFolder), so an undecodable file follows `data.on_bad_image` like in training: `skip` warns once
-and the next file of the pick takes its place, `error` stops with its path.
+and the next file of the pick takes its place, `error` stops with its path. The split is listed as the backend
+lists it (data/file_list.py FileList: ImageFolder's walk and order, held compactly), through
+distributed.made_once: with a process group, rank 0 walks the split (ImageNet's train split: 1.28M files on
+shared storage) and the others receive the list; without one, the process walks it itself, once.
 
 Shard datasets (data.format=webdataset|tfrecord) are refused with one line: their records are read in
 stream order, shard by shard, so a spread pick would read most of the split. Calibrate on a folder copy of a
@@ -21,9 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
-from imgcls.data.folder import split_dir
+from imgcls.data.file_list import FileList
+from imgcls.data.folder import classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.transforms import val_transform
+from imgcls.distributed import made_once
 from imgcls.errors import ConfigError
 
 
@@ -44,15 +49,19 @@ def spread_pick(targets: list[int], seed: int) -> list[int]:
 
 
 def calibration_dataset(data_cfg: DictConfig, preprocessing: dict) -> CheckedImageFolder:
-    """The train split of data_cfg.root under the val transform of `preprocessing`."""
+    """The train split of data_cfg.root under the val transform of `preprocessing`, its files listed once
+    (made_once: by global rank 0 under DDP, the others receive the compact list) in ImageFolder's order."""
     fmt = str(data_cfg.get("format") or "folder")
     if fmt != "folder":
         raise ConfigError(
             f"data.format={fmt}: calibration reads a folder dataset (ROOT/train/<class>/*); "
             "pass data.root=DIR of a folder copy of some training images"
         )
+    root = data_cfg.get("root")
+    split_root = split_dir(root, "train")
     transform = val_transform(OmegaConf.create(dict(preprocessing)))
-    return CheckedImageFolder(str(split_dir(data_cfg.get("root"), "train")), transform=transform)
+    files = made_once(lambda: FileList(split_root, classes_of(root, "train")))
+    return CheckedImageFolder(str(split_root), transform=transform, files=files)
 
 
 def calibration_batches(
@@ -66,7 +75,7 @@ def calibration_batches(
         raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
     dataset = calibration_dataset(data_cfg, preprocessing)
     bad_images = BadImageLog(str(data_cfg.get("on_bad_image") or "skip"))
-    order = spread_pick([t for _, t in dataset.samples], seed)
+    order = spread_pick(dataset.files.targets.tolist(), seed)
     workers = int(data_cfg.get("num_workers") or 0)
     # The whole pick order, read in batch_size chunks until enough good images are there: a skipped bad file
     # is replaced by the next one of the pick, not by a short calibration.

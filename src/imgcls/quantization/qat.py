@@ -65,9 +65,13 @@ def _modelopt() -> tuple[Any, Any]:
 
 
 def quantize(net: nn.Module, batches: Iterable[torch.Tensor], device: torch.device | None = None) -> nn.Module:
-    """Insert the fake quantizers into net (in place) and calibrate their ranges on batches (float NCHW)."""
-    mtq, _ = _modelopt()
+    """Insert the fake quantizers into net (in place) and calibrate their ranges on batches (float NCHW). A GPU
+    `device` is made the process's current one first, before modelopt is imported or anything is moved
+    (calibration_device says why)."""
     device = device or torch.device("cpu")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device.index)
+    mtq, _ = _modelopt()
     was_training = net.training
     home = next(net.parameters()).device
 
@@ -107,10 +111,17 @@ def restore(net: nn.Module, state: dict[str, Any]) -> nn.Module:
 
 
 def calibration_device() -> torch.device:
-    """This rank's GPU when there is one (calibrating ResNet50 on a CPU takes minutes), else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", launcher_local_rank() % torch.cuda.device_count())
-    return torch.device("cpu")
+    """This rank's GPU when there is one (calibrating ResNet50 on a CPU takes minutes), else the CPU; the GPU is
+    made the process's current CUDA device too. Calibration runs before the Trainer exists (train.py), so before
+    Lightning sets the device: left at its default, every call on "the current device" (a tensor made on "cuda",
+    torch.cuda.current_device() in a library) would make a CUDA context on GPU 0 from every rank of the node. The
+    local rank is the launcher's (distributed.launcher_local_rank: LOCAL_RANK, else srun's SLURM_LOCALID), which
+    Lightning picks this rank's GPU by later; taken modulo the visible GPUs, for a task that sees only its own."""
+    if not torch.cuda.is_available():  # these two queries make no CUDA context
+        return torch.device("cpu")
+    index = launcher_local_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def describe(run_config: dict[str, Any]) -> dict[str, Any]:
