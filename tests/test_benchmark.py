@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 
 import imgcls.bench.training
+import imgcls.timing
 import imgcls.train
 from imgcls.bench.inference import check_batch_sizes, markdown_table, measure
 from imgcls.bench.training import BenchmarkTimer
@@ -21,6 +21,7 @@ from imgcls.cli import run_train
 from imgcls.errors import ConfigError
 from tests import warm_python
 from tests.conftest import ROOT, assert_one_line_error, compose_config, run_clis, tiny_overrides, tiny_run
+from tests.fake_clock import FakeClock
 
 
 @pytest.fixture(scope="session")
@@ -29,26 +30,29 @@ def trained(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Pat
 
 
 class SlowStart(nn.Module):
-    """A network whose first `slow` calls take 0.2 s and the rest nearly nothing."""
+    """A network whose first `slow` calls take 0.2 s and the rest 1 ms, on the fake clock the timing reads."""
 
-    def __init__(self, slow: int) -> None:
+    def __init__(self, slow: int, clock: FakeClock) -> None:
         super().__init__()
-        self.slow = slow
+        self.slow, self.clock = slow, clock
         self.calls = 0
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        if self.calls <= self.slow:
-            time.sleep(0.2)
+        self.clock.sleep(0.2 if self.calls <= self.slow else 0.001)
         return images.mean(dim=(2, 3))
 
 
-def test_inference_warmup_is_not_timed() -> None:
-    net = SlowStart(slow=3)
+def test_inference_warmup_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imgcls.bench import inference
+
+    clock = FakeClock()  # the latencies are the ones made here, whatever the machine's speed or load
+    monkeypatch.setattr(inference, "time", clock)
+    net = SlowStart(slow=3, clock=clock)
     row = measure(net, batch_size=2, image_size=8, device=torch.device("cpu"), warmup=3, iterations=5)
     assert net.calls == 8 and row["iterations"] == 5
-    assert row["latency_p99_ms"] < 50  # a timed warm-up call would be >= 200 ms
-    assert row["throughput_ips"] == pytest.approx(2 / (row["latency_avg_ms"] / 1000))
+    assert row["latency_p99_ms"] == pytest.approx(1.0)  # a timed warm-up call would be 200 ms
+    assert row["latency_avg_ms"] == pytest.approx(1.0) and row["throughput_ips"] == pytest.approx(2 / 0.001)
 
 
 @pytest.mark.slow
@@ -132,22 +136,29 @@ def test_bad_batch_sizes(values: list) -> None:
     assert check_batch_sizes([1, 8, 256]) == [1, 8, 256]
 
 
-def test_training_benchmark_timer_excludes_warmup() -> None:
+def test_training_benchmark_timer_excludes_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()  # the report's timer reads it: exact times, whatever the machine's speed or load
+    monkeypatch.setattr(imgcls.timing, "time", clock)
     timer = BenchmarkTimer(warmup=2, iterations=3)
     trainer = SimpleNamespace(should_stop=False, world_size=1)
     module = SimpleNamespace(device=torch.device("cpu"))
     batch = (None, [0] * 4)
     timer.on_train_start(trainer, module)
     for i in range(5):
+        clock.sleep(0.001)  # the wait for the batch
         timer.on_train_batch_start(trainer, module, batch, i)
-        time.sleep(0.2 if i < 2 else 0.01)  # slow warm-up iterations
+        clock.sleep(0.2 if i < 2 else 0.01)  # slow warm-up iterations
         timer.on_train_batch_end(trainer, module, None, batch, i)
         assert trainer.should_stop == (i == 4)
-    time.sleep(0.5)  # what follows the last timed iteration: the epoch-end checkpoint, the teardown
+    clock.sleep(0.5)  # what follows the last timed iteration: the epoch-end checkpoint, the teardown
     summary = timer.metrics
     assert timer.timer.batches == 3 and timer.timer.samples == 12
-    assert summary["train.compute_time"] < 0.1 and summary["train.compute_ips"] > 4 / 0.1
-    assert summary["train.total_ips"] > 12 / 0.3  # the wall clock stopped with the last timed iteration
+    assert summary["train.compute_time"] == pytest.approx(0.01) and summary["train.compute_ips"] == pytest.approx(
+        12 / 0.03
+    )
+    assert summary["train.data_time"] == pytest.approx(0.001)
+    # The wall clock started when the last warm-up iteration ended and stopped with the last timed one.
+    assert summary["train.total_ips"] == pytest.approx(12 / (3 * 0.011))
 
 
 @pytest.mark.slow

@@ -486,7 +486,9 @@ def test_dali_run_stopped_mid_epoch_resumes_at_the_exact_batch(tmp_path: Path) -
     batch from DALI's reader checkpoint: the rest of the epoch is the same samples with the same augmentation, and
     the final weights equal an uninterrupted run's, bitwise. Before, the DALI loader kept no position: the epoch's
     rest was drawn from a fresh pass over the rank's part. With the torch resize, whose background thread takes
-    batches from DALI ahead of the trainer (the DALI resize at this size: the kill tests)."""
+    batches from DALI ahead of the trainer (the DALI resize at this size: the kill tests). The signal is sent while
+    the run waits after its first last.ckpt (tests/train_until_signalled.py), not after a race against its steps:
+    the save is at step 3 on any machine."""
     train_resize = "torch"
     import signal
     import time
@@ -502,18 +504,21 @@ def test_dali_run_stopped_mid_epoch_resumes_at_the_exact_batch(tmp_path: Path) -
     assert full.returncode == 0, full.stderr[-2000:]
 
     run_dir = tmp_path / "split"
+    marker = tmp_path / "waiting"  # the run waits after its 1st last.ckpt (step 2) until the signal has arrived
     proc = warm_python.start(
-        [ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", f"data.trace_dir={tmp_path / 'ts'}"],
+        [ROOT / "tests" / "train_until_signalled.py", marker, "1", *args, f"hydra.run.dir={run_dir}",
+         f"data.trace_dir={tmp_path / 'ts'}"],
         env={"WANDB_MODE": "offline"},
-    )
-    last = run_dir / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 300
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+    )  # fmt: skip
+    deadline = time.monotonic() + 300  # bounds a hang only
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
         time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
     stopped = torch.load(last, map_location="cpu", weights_only=False)
-    assert 0 < stopped["global_step"] < 6  # inside epoch 0
+    assert stopped["global_step"] == 3  # saved at the step after the one it waited at: inside epoch 0 (6 steps)
 
     resumed = run_cli(
         "train.py", *args, f"hydra.run.dir={run_dir}", "ckpt_path=last", f"data.trace_dir={tmp_path / 'ts'}"

@@ -385,6 +385,7 @@ def test_ddp_run_stopped_mid_epoch_resumes_to_identical_weights(folder: Path, tm
 FAULT_ON_ONE_RANK = """
 import sys
 import time
+from pathlib import Path
 import lightning as L
 import torch
 from imgcls.callbacks.finite_loss import FiniteLoss
@@ -412,8 +413,13 @@ class Say(L.Callback):  # at once, before the teardown (whose collectives fail o
     def on_exception(self, trainer, module, error):
         if isinstance(error, TrainingError):
             print(f"rank {trainer.global_rank}: {error}", flush=True)
-            if trainer.global_rank == 1:  # Lightning's observer SIGKILLs rank 0 within 5 s of a child's failed exit:
-                time.sleep(8)  # a rank 0 slowed by a loaded machine still gets to say what it says
+            said = Path(sys.argv[1]).with_name("rank0-said")  # both ranks get the same argv
+            if trainer.global_rank == 0:
+                said.touch()
+            else:  # Lightning's observer SIGKILLs rank 0 within 5 s of a child's failed exit: rank 1 stays until
+                deadline = time.monotonic() + 300  # rank 0 has said what it says, however slow (bounds a hang only)
+                while not said.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
 
 
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=20, logger=False,

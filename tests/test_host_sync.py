@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import traceback
 import warnings
 from collections import defaultdict
@@ -20,12 +19,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import imgcls.timing
 import imgcls.train
 from imgcls.bench.training import SYNC_WARNING, BenchmarkTimer
 from imgcls.distributed import SYNC_EVERY_N_STEPS
 from imgcls.timing import StepTimer
 from tests import warm_python
 from tests.conftest import ROOT, clean_env, compose_config, free_port, tiny_overrides
+from tests.fake_clock import FakeClock
 from tests.test_amp import FP16_NET
 
 # Host-side data loading (decode, augment; in the main process with num_workers=0) calls .item() on CPU
@@ -183,9 +184,12 @@ def test_ddp_training_loop_syncs_at_most_once_per_k_steps(image_folder: Path, tm
 
 def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU branch of the report's timer, structurally (no CUDA here): events per batch, no
-    torch.cuda.synchronize per batch, one event sync when the epoch's summary is made."""
+    torch.cuda.synchronize per batch, one event sync when the epoch's summary is made. On a fake clock (the host's
+    and the events' alike): the times are exactly the ones made here, whatever the machine's speed or load."""
+    clock = FakeClock()
+    monkeypatch.setattr(imgcls.timing, "time", clock)
 
-    class Event:  # records host time; stands in for torch.cuda.Event
+    class Event:  # records the clock's time; stands in for torch.cuda.Event
         made: list[Event] = []
 
         def __init__(self, enable_timing: bool) -> None:
@@ -194,7 +198,7 @@ def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.
             Event.made.append(self)
 
         def record(self) -> None:
-            self.at = time.perf_counter()
+            self.at = clock.perf_counter()
 
         def synchronize(self) -> None:
             self.synced += 1
@@ -208,15 +212,17 @@ def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.
     timer, cuda = StepTimer(), torch.device("cuda")
     for _ in range(5):
         timer.batch_started(cuda)
-        time.sleep(0.02)
+        clock.sleep(0.02)  # the step
         timer.batch_ended(4, cuda)
+        clock.sleep(0.001)  # the wait for the next batch
     assert len(Event.made) == 10 and sum(e.synced for e in Event.made) == 0 and syncs == []
-    time.sleep(0.3)  # validation runs before the epoch's summary: not training time
+    clock.sleep(0.3)  # validation runs before the epoch's summary: not training time
     summary = timer.summary("train", 1)
     assert sum(e.synced for e in Event.made) == 1 and syncs == []
-    assert 0.1 <= timer.compute_time < 0.5 and summary["train.compute_ips"] == pytest.approx(20 / timer.compute_time)
-    wall = 20 / summary["train.total_ips"]
-    assert timer.compute_time <= wall < timer.compute_time + 0.2  # ends with the last batch, not at the summary
+    assert timer.compute_time == pytest.approx(5 * 0.02)
+    assert summary["train.compute_ips"] == pytest.approx(20 / (5 * 0.02))
+    # The wall time ends with the last batch (5 steps, 4 waits between them), not at the summary.
+    assert 20 / summary["train.total_ips"] == pytest.approx(5 * 0.02 + 4 * 0.001)
 
 
 def test_benchmark_counts_the_training_threads_syncs_only(monkeypatch: pytest.MonkeyPatch) -> None:

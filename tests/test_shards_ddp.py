@@ -43,13 +43,21 @@ def uneven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[s
     return folder, tmp, args
 
 
+@pytest.fixture(scope="module")
+def reference(uneven: tuple[Path, Path, list[str]]) -> Path:
+    """The uninterrupted run, made once for both tests (whichever runs first: conftest's LONGEST_FIRST starts the
+    resume test first). A second run into its dir would be refused, rightly: it would write step 0 over step 5."""
+    _, tmp, args = uneven
+    _train(args, tmp / "run")
+    return tmp / "run"
+
+
 @pytest.mark.slow
 def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(
-    uneven: tuple[Path, Path, list[str]], tmp_path: Path
+    uneven: tuple[Path, Path, list[str]], reference: Path, tmp_path: Path
 ) -> None:
-    folder, tmp, args = uneven
-    run_dir = tmp / "run"
-    _train(args, run_dir)
+    folder, _, _ = uneven
+    run_dir = reference
     epoch = read_report(run_dir)["epochs"][-1]
     assert epoch["step"] == 5
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -69,15 +77,13 @@ def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(
 
 @pytest.mark.slow
 def test_two_processes_stopped_inside_a_shard_resume_to_identical_weights_steps_and_lr(
-    uneven: tuple[Path, Path, list[str]],
+    uneven: tuple[Path, Path, list[str]], reference: Path
 ) -> None:
     """Stopped after 3 of 5 steps (rank 0 is inside its second shard, rank 1 inside its first) and resumed with
     ckpt_path=last: the same step count, learning rate and final weights, bitwise, as the run that was not
-    stopped (the previous test's run: this one runs after it, in the same module)."""
+    stopped (`reference`)."""
     _, tmp, args = uneven
-    ref_dir, run_dir = tmp / "run", tmp / "resumed"
-    if not (ref_dir / "checkpoints" / "last.ckpt").exists():  # run alone (-k): make the reference here
-        _train(args, ref_dir)
+    ref_dir, run_dir = reference, tmp / "resumed"
     _train(args, run_dir, "trainer.max_steps=3")
     stopped = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert stopped["global_step"] == 3

@@ -23,12 +23,13 @@ def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return warm_python.run([ROOT / "train.py", *args], env=env, cwd=cwd, timeout=TIMEOUT)
 
 
-def wandb_log(run_dir: Path) -> bytes:
+def wandb_log(run_dir: Path, *expected: bytes) -> bytes:
+    """The run's W&B log once it holds every one of `expected` (or after 60 s, bounding a hang only)."""
     run_id = (run_dir / "wandb_id.txt").read_text().strip()
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
     log_file = offline / f"run-{run_id}.wandb"
     deadline = time.monotonic() + 60  # wandb-core flushes in the background after finish()
-    while b"val.top1" not in log_file.read_bytes() and time.monotonic() < deadline:
+    while not all(key in log_file.read_bytes() for key in expected) and time.monotonic() < deadline:
         time.sleep(0.5)
     return log_file.read_bytes()
 
@@ -51,7 +52,7 @@ def test_failed_job_does_not_stop_or_poison_the_next(image_folder: Path, tmp_pat
     assert read_report(sweep / "1")["epochs"][0]["val.top1"] >= 0
     ids = [(sweep / str(job) / "wandb_id.txt").read_text() for job in (0, 1)]
     assert ids[0] != ids[1]
-    log = wandb_log(sweep / "1")
+    log = wandb_log(sweep / "1", b"val.top1", b"0.1")
     assert b"val.top1" in log and b"0.1" in log  # job 1's own run, with its own config
 
 

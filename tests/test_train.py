@@ -152,12 +152,15 @@ def test_wandb_offline_writes_the_run(image_folder: Path, tmp_path: Path, monkey
     # wandb-core keeps an offline run in its protobuf log (what `wandb sync` uploads); the metric
     # names, config values and W&B's own run-exit record must all be in it.
     log_file = runs[0] / f"run-{run_id}.wandb"
-    deadline = time.monotonic() + 60  # wandb-core flushes the log in the background after finish()
-    while b"val.top1" not in log_file.read_bytes() and time.monotonic() < deadline:
+    expected = (b"val.top1", b"train.loss", b"train.total_ips", b"resnet18", b"run_config")
+    # wandb-core flushes the log in the background after finish(): wait for every record checked (train.total_ips
+    # is logged after val.top1, at the end of validation), bounded only against a hang.
+    deadline = time.monotonic() + 60
+    while not all(key in log_file.read_bytes() for key in expected) and time.monotonic() < deadline:
         time.sleep(0.5)
     log = log_file.read_bytes()
-    for expected in (b"val.top1", b"train.loss", b"train.total_ips", b"resnet18", b"run_config"):
-        assert expected in log, expected
+    for key in expected:
+        assert key in log, key
 
 
 @pytest.mark.slow

@@ -1,0 +1,46 @@
+"""`python tests/train_until_signalled.py MARKER N OVERRIDE...`: train.py that waits, right after its N-th last.ckpt is
+in place, until a preemption signal has reached imgcls's handler, then trains on; so a test's SIGTERM (SIGUSR1,
+SIGUSR2) is acted on at the same optimizer step on any machine's speed: the next one after that checkpoint's.
+
+MARKER is created when the process waits: send the signal then. The wait is bounded (WAIT_S), as a test that never
+sends one would otherwise hang; the process then trains on and the test's own checks fail. The signal is handled
+by imgcls's own handler (a flag in imgcls.callbacks.preemption), which Python runs in this main thread between
+two of the wait's sleeps. A script, not a fixture: the signal must hit a real training process (its own pid), as a
+cluster's would. The same pattern as tests/train_until_paused.py, which stops still for a SIGKILL instead."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import imgcls.checkpoint  # noqa: E402
+from imgcls.callbacks.preemption import received_signal  # noqa: E402
+from imgcls.cli import train_main  # noqa: E402
+
+WAIT_S = 300  # bounds a hang only: the test sends its signal as soon as MARKER exists
+
+marker, count = Path(sys.argv[1]), int(sys.argv[2])
+sys.argv = [str(Path(__file__).resolve().parents[1] / "train.py"), *sys.argv[3:]]
+real_write_atomic = imgcls.checkpoint.write_atomic
+writes = 0
+
+
+def write_atomic(path: Path, write: Any, what: str = "", durable: bool = False) -> None:
+    global writes
+    real_write_atomic(path, write, what, durable)
+    if Path(path).name != "last.ckpt":
+        return
+    writes += 1
+    if writes == count:
+        marker.write_text(f"after:{count}")
+        deadline = time.monotonic() + WAIT_S
+        while received_signal() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+imgcls.checkpoint.write_atomic = write_atomic
+train_main()
