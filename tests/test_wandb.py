@@ -22,10 +22,12 @@ def offline_runs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
 
 
-def wandb_log(offline: Path, expected: bytes) -> bytes:
+def wandb_log(offline: Path, *expected: bytes) -> bytes:
+    """The run's log once it holds every `expected` record: wandb-core flushes it in the background after finish(),
+    in no fixed order, so a test waits for each record it checks (the 60 s bound only catches a hang)."""
     log_file = next(offline.glob("run-*.wandb"))
-    deadline = time.monotonic() + 60  # wandb-core flushes the log in the background after finish()
-    while expected not in log_file.read_bytes() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while not all(key in log_file.read_bytes() for key in expected) and time.monotonic() < deadline:
         time.sleep(0.5)
     return log_file.read_bytes()
 
@@ -70,8 +72,9 @@ def test_media_take_predictions_from_the_validation_pass(wandb_run: Path) -> Non
 
 @pytest.mark.slow
 def test_dashboard_scalars_and_config(wandb_run: Path) -> None:
-    log = wandb_log(offline_runs(wandb_run)[0], b"val.confusion_matrix")
-    for key in (b"train.loss", b"val.top1", b"val.top5", b"train.lr", b"train.total_ips", b"val.total_ips"):
+    keys = (b"train.loss", b"val.top1", b"val.top5", b"train.lr", b"train.total_ips", b"val.total_ips")
+    log = wandb_log(offline_runs(wandb_run)[0], b"val.confusion_matrix", *keys, b"run_config")
+    for key in keys:
         assert key in log, key
     assert b"run_config" in log and b"resnet18" in log and b"lr_per_256" in log  # the resolved config
 
