@@ -190,8 +190,21 @@ def test_imgcls_handles_the_preemption_signals_for_the_whole_run(
     assert [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS] == before  # given back after the run
 
 
-def _start(argv: list[str], env: dict[str, str] | None = None) -> warm_python.WarmProcess:
-    return warm_python.start([ROOT / "train.py", *argv], env={"WANDB_MODE": "offline", **(env or {})})
+def _start(argv: list[str], env: dict[str, str] | None = None, script: str = "train.py") -> warm_python.WarmProcess:
+    return warm_python.start([ROOT / script, *argv], env={"WANDB_MODE": "offline", **(env or {})})
+
+
+# A signal test's run waits right after its first last.ckpt, at step 2 (_long_run saves every 2 steps), until the
+# signal has reached imgcls's handler (tests/train_until_signalled.py; it creates its MARKER argument then), so the
+# signal's save is at the next optimizer step on any machine's speed: step 3, which no periodic save is (every 2
+# steps, and at the end of an epoch after its validation).
+WAITER = "tests/train_until_signalled.py"
+SIGNAL_STEP = 3
+
+
+def _waiting(marker: Path, argv: list[str]) -> list[str]:
+    """WAITER's arguments: MARKER, wait after the 1st last.ckpt, then train.py's."""
+    return [str(marker), "1", *argv]
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -211,10 +224,10 @@ def _long_run(data: Path, run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_sigterm_saves_last_ckpt_and_exits_within_seconds(data: Path, tmp_path: Path) -> None:
-    proc = _start(_long_run(data, tmp_path))
+    marker = tmp_path / "waiting"
+    proc = _start(_waiting(marker, _long_run(data, tmp_path)), script=WAITER)
     last = tmp_path / "checkpoints" / "last.ckpt"
-    _wait_for_file(last, proc)  # training has started
-    time.sleep(1.0)
+    _wait_for_file(marker, proc)  # waiting after its save at step 2
     mtime = last.stat().st_mtime_ns
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -224,9 +237,9 @@ def test_sigterm_saves_last_ckpt_and_exits_within_seconds(data: Path, tmp_path: 
     assert code == 128 + signal.SIGTERM, stderr[-2000:]
     assert elapsed < 60
     assert "received signal 15: saving" in (tmp_path / "train.log").read_text()  # Hydra's log of the run
-    assert last.stat().st_mtime_ns != mtime  # saved on the signal, not just the periodic save before it
+    assert last.stat().st_mtime_ns != mtime  # saved again after the periodic save at step 2
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
-    assert 0 < ckpt["global_step"] < 150
+    assert ckpt["global_step"] == SIGNAL_STEP  # the signal's save: the next step, not a periodic one
 
 
 def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
@@ -252,15 +265,15 @@ def test_sigusr1_under_slurm_saves_hpc_checkpoint_and_requeues(data: Path, tmp_p
         "SLURM_LOCALID": "0",
         "SLURM_NODEID": "0",
     }
-    run_dir = tmp_path / "run"
-    proc = _start(_long_run(data, run_dir), env)
-    _wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc)
+    run_dir, marker = tmp_path / "run", tmp_path / "waiting"
+    proc = _start(_waiting(marker, _long_run(data, run_dir)), env, script=WAITER)
+    _wait_for_file(marker, proc)
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=60) == 128 + signal.SIGUSR1, proc.stderr.read()[-2000:]  # saved, requeued, exited
     assert calls.read_text().splitlines() == ["requeue 4242"]
     (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")  # what Lightning resumes from when the requeued job starts
     assert sha(hpc) == sha(run_dir / "checkpoints" / "last.ckpt")
-    assert torch.load(hpc, map_location="cpu", weights_only=False)["global_step"] > 0
+    assert torch.load(hpc, map_location="cpu", weights_only=False)["global_step"] == SIGNAL_STEP
 
 
 @pytest.mark.slow
@@ -275,15 +288,16 @@ def test_submitit_sigusr2_in_a_single_task_job_saves_requeues_and_the_requeued_j
            "SLURM_JOB_NAME": "sweep_job", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
            "WANDB_MODE": "offline"}  # fmt: skip
     argv = [ROOT / "train.py", *tiny_overrides(data, "recipe.epochs=50", "callbacks.checkpoint.every_n_train_steps=2")]
-    proc = warm_python.start(argv, env=env, cwd=tmp_path)
+    marker = tmp_path / "waiting"
+    proc = warm_python.start([ROOT / WAITER, *_waiting(marker, argv[1:])], env=env, cwd=tmp_path)
     run_dir = tmp_path / "outputs" / "train" / "5150"  # the job id: the same dir after the requeue
-    _wait_for_file(run_dir / "checkpoints" / "last.ckpt", proc)
+    _wait_for_file(marker, proc)
     proc.send_signal(signal.SIGUSR2)
     assert proc.wait(timeout=60) == 128 + signal.SIGUSR2, proc.stderr.read()[-2000:]
     assert calls.read_text().splitlines() == ["requeue 5150"]
     (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")
     saved_step = torch.load(hpc, map_location="cpu", weights_only=False)["global_step"]
-    assert saved_step > 0
+    assert saved_step == SIGNAL_STEP
     # The requeued job: the same command and environment, trained to a few steps past the saved one.
     again = warm_python.run([*argv, f"trainer.max_steps={saved_step + 2}"], env=env, cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -332,10 +346,36 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
     assert epochs == sorted(set(epochs)) and len(epochs) >= 5 and rows[-1]["epoch"] == 5 and rows[-1]["step"] == 18
 
 
+# WAITER waits after its own process's last.ckpt, and under DDP only rank 0 writes one: a rank 0 run through it
+# would wait for a signal of its own, not rank 1's. This train.py for rank 1 waits in on_train_start (after it,
+# imgcls's handler only sets the flag) until the signal has reached that handler, creating MARKER (argv[1]) when it
+# starts waiting; rank 0 meanwhile waits for rank 1 in their next collective.
+RANK_WAITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from imgcls.callbacks import preemption
+from imgcls.cli import train_main
+marker, sys.argv = Path(sys.argv[1]), [{train!r}, *sys.argv[2:]]
+real_on_train_start = preemption.Preemption.on_train_start
+def on_train_start(self, trainer, pl_module):
+    real_on_train_start(self, trainer, pl_module)
+    marker.write_text("waiting")
+    deadline = time.monotonic() + 300  # bounds a hang only
+    while preemption.received_signal() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+preemption.Preemption.on_train_start = on_train_start
+train_main()
+"""
+
+
 @pytest.mark.slow
 def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once(data: Path, tmp_path: Path) -> None:
     """Two srun-style gloo ranks; SIGUSR1 reaches rank 1 only (Lightning's handler used to save inside the
-    signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere)."""
+    signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere). Rank 1 gets it
+    while it waits before its first step (RANK_WAITER), so the ranks agree on it at the first all-reduce of the
+    flag, step SYNC_EVERY_N_STEPS, on any machine's speed."""
+    from imgcls.distributed import SYNC_EVERY_N_STEPS
     from tests.conftest import clean_env, free_port
 
     bin_dir, calls = _fake_scontrol(tmp_path)
@@ -344,15 +384,17 @@ def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once
         "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
         "SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(free_port()),
     }  # fmt: skip
-    run_dir = tmp_path / "run"
+    run_dir, marker, waiter = tmp_path / "run", tmp_path / "waiting", tmp_path / "rank_waiter.py"
+    waiter.write_text(RANK_WAITER.format(root=str(ROOT), train=str(ROOT / "train.py")))
     argv = [*_long_run(data, run_dir), "data.batch_size=4", "trainer.devices=2"]
+    scripts = [[ROOT / "train.py"], [waiter, marker]]  # rank 1 waits
     procs = [
-        warm_python.start([ROOT / "train.py", *argv], base_env=clean_env(),
+        warm_python.start([*scripts[k], *argv], base_env=clean_env(),
                           env={**slurm, "SLURM_PROCID": str(k), "SLURM_LOCALID": str(k)})
         for k in range(2)
     ]  # fmt: skip
     try:
-        _wait_for_file(run_dir / "checkpoints" / "last.ckpt", procs[0])
+        _wait_for_file(marker, procs[1])
         procs[1].send_signal(signal.SIGUSR1)
         outputs = ["".join(proc.communicate(timeout=120)) for proc in procs]  # a hang fails here
     finally:
@@ -362,7 +404,7 @@ def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once
         assert proc.returncode == 128 + signal.SIGUSR1, out[-3000:]
     steps = [int(out.split("received signal 10: saving ")[1].split(" at step ")[1].split()[0]) for out in outputs]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert steps[0] == steps[1] == ckpt["global_step"] > 0  # both ranks saved at the same step
+    assert steps[0] == steps[1] == ckpt["global_step"] == SYNC_EVERY_N_STEPS  # both ranks, at the first agreement
     assert len(ckpt["callbacks"]["RNGState"]["ranks"]) == 2  # the gather inside the save met both ranks
     assert calls.read_text().splitlines() == ["requeue 4242"]  # once, from rank 0
     (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")
