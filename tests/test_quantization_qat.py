@@ -145,6 +145,27 @@ def test_two_process_qat_starts_every_rank_from_the_one_process_calibration(
 
 
 @pytest.mark.slow
+def test_two_process_qat_lists_the_training_split_on_one_rank(
+    fp32_run: Path, image_folder: Path, tmp_path: Path
+) -> None:
+    """Calibration runs once the process group exists (ClassificationModule.configure_model): rank 0 walks the train
+    split for the calibration and the training loader, rank 1 receives the lists and walks nothing (it walked the
+    train split itself when calibration ran before the Trainer)."""
+    from tests import warm_python
+    from tests.conftest import ROOT, clean_env
+    from tests.test_distributed import TWO_PROCESSES
+
+    weights = fp32_run / "checkpoints" / "last.ckpt"
+    args = tiny_overrides(image_folder, *QAT_OVERRIDES, *TWO_PROCESSES, "trainer.devices=2", f"model.weights={weights}")
+    result = warm_python.run([ROOT / "tests" / "train_counting_walks.py", *args, f"hydra.run.dir={tmp_path / 'run'}"],
+                             base_env={**clean_env(), "IMGCLS_TEST_WALKS": str(tmp_path)}, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0 = (tmp_path / "walks-rank0.txt").read_text().split()
+    assert str(image_folder / "train") in rank0
+    assert not (tmp_path / "walks-rank1.txt").exists(), (tmp_path / "walks-rank1.txt").read_text()
+
+
+@pytest.mark.slow
 def test_int8_export_of_a_qat_checkpoint_requantizes_its_fine_tuned_weights_for_onnxruntime(
     qat_run: Path, image_folder: Path, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ It never knows which data backend feeds it: batches are (float images NCHW, int6
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
@@ -52,6 +53,8 @@ class ClassificationModule(L.LightningModule):
         if self.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
 
+        self._calibration: Callable[[], Iterable[torch.Tensor]] | None = None  # quantize_at_setup
+        self._compile_after_quantization = False
         self.mixup = _build_mixup(self.recipe, num_classes)
         self.mixup_dropped_samples = 0  # since this process started; see _mix
         self.mixup_unmixed_batches = 0
@@ -86,8 +89,25 @@ class ClassificationModule(L.LightningModule):
     def compile_network(self) -> None:
         """`compile=true` for training and its benchmark alike: torch.compile in place (nn.Module.compile), so
         checkpoint keys stay `net.*` (torch.compile's wrapper would add `_orig_mod.`). The EMA copy runs in
-        validation only and stays eager."""
+        validation only and stays eager. A network still to be quantized is compiled after that (configure_model)."""
+        if self._calibration is not None:
+            self._compile_after_quantization = True
+            return
         self.net.compile()
+
+    def quantize_at_setup(self, calibration: Callable[[], Iterable[torch.Tensor]]) -> None:
+        """recipe=qat: quantize the network in configure_model, with the batches `calibration()` gives then. Lightning
+        runs that hook once the process group exists and this rank's GPU is current, and before a checkpoint is
+        restored (its quantizer ranges need the quantizers) and before DDP wraps the network: so one rank lists the
+        training split for all (data/file_list.py, made_once) and no rank makes a CUDA context on another's GPU."""
+        self._calibration = calibration
+
+    def configure_model(self) -> None:
+        if self._calibration is not None:
+            calibration, self._calibration = self._calibration, None
+            self.quantize_network(calibration())
+            if self._compile_after_quantization:
+                self.net.compile()
 
     def quantize_network(self, batches: Any) -> None:
         """recipe=qat: fake INT8 quantizers in the network, calibrated on `batches` (quantization/qat.py). The

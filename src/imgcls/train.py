@@ -66,10 +66,11 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         run_config=resolved,
     )  # fmt: skip
     if cfg.recipe.get("qat"):  # recipe=qat: fake INT8 quantizers, ranges from training images (quantization/)
-        qat = cfg.recipe.qat
-        preprocessing = preprocessing_of(cfg.data)
-        module.quantize_network(
-            calibration_batches(cfg.data, preprocessing, qat.calibration_images, qat.calibration_batch_size, qat.seed)
+        qat, preprocessing = cfg.recipe.qat, preprocessing_of(cfg.data)
+        module.quantize_at_setup(  # once the process group exists (ClassificationModule.configure_model)
+            lambda: calibration_batches(
+                cfg.data, preprocessing, qat.calibration_images, qat.calibration_batch_size, qat.seed
+            )
         )
     if cfg.get("compile"):
         module.compile_network()
