@@ -88,8 +88,7 @@ class ClassificationDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Every split's batch, on its device: uint8 images become normalized float there (device_normalize.py).
         A loop of one's own over these loaders calls it too (evaluate's ONNX path)."""
-        images, labels = batch
-        return self.normalize(images), labels
+        return (self.normalize(batch[0]), *batch[1:])  # labels (and any further outputs) as they are
 
     def teardown(self, stage: str) -> None:
         self._close(list(self._loaders))
