@@ -37,6 +37,8 @@ class ClassificationDataModule(L.LightningDataModule):
         self._loaders: dict[tuple, Any] = {}
         self._train_loader: Any = None
         self._resume: dict[str, Any] | None = None  # the train loader's position from a checkpoint
+        # The epoch a resumed run goes on in (load_state_dict); kept after the position is used or dropped.
+        self._resumed_epoch: int | None = None
 
     def setup(self, stage: str) -> None:
         if self.schedule is not None and self.trainer is not None:
@@ -104,6 +106,12 @@ class ClassificationDataModule(L.LightningDataModule):
             while first > 0 and self._stage_options(first - 1) == options:
                 first -= 1
             options["first_epoch"] = first
+        if self._resumed_epoch is not None and getattr(self.backend, "builds_at_position", False):
+            # A resumed DALI loader that cannot go on from its saved position (another world size or per-device
+            # batch, data.dali_checkpointing=false) starts fresh: seeded from the epoch being resumed, not epoch 0
+            # (or its stage's first), whose order and augmentation draws it would replay. A loader built at its
+            # position takes the saved loader's order and seed instead (DaliBackend.loader).
+            options["first_epoch"] = max(int(options.get("first_epoch", 0)), self._resumed_epoch)
         # A DALI loader is built at this rank's saved position. The first request may come before Lightning has
         # restored the epoch counter: the position itself says whether its epoch had ended (DaliLoader).
         loader = self._train_loader = self._loader("train", self.batch_size, self._dali_position(), **options)
@@ -130,10 +138,10 @@ class ClassificationDataModule(L.LightningDataModule):
         positions, (rank, world) = self._resume["dali"], self._rank_world()
         if len(positions) != world:
             log.warning(
-                "resuming %d ranks from %d: the DALI readers start their epoch again instead of at the saved batch",
-                world, len(positions),
+                "resuming %d ranks from %d: the DALI readers start epoch %d again instead of at the saved batch",
+                world, len(positions), self._resumed_epoch,
             )  # fmt: skip
-            self._resume = None
+            self._resume = {key: value for key, value in self._resume.items() if key != "dali"}
             return None
         return positions[rank]
 
@@ -154,6 +162,13 @@ class ClassificationDataModule(L.LightningDataModule):
         if "train_loader" in state_dict:  # the sampler's epoch; a DALI position saves the trainer's
             state_dict = {**state_dict, "epoch": state_dict["train_loader"].get("epoch", 0)}
         self._resume = dict(state_dict) if state_dict else None
+        self._resumed_epoch = None
+        if self._resume is not None and "epoch" in self._resume:
+            # The saved epoch, or the next one where every saved position had ended its epoch (a checkpoint at an
+            # epoch's end). Without positions (data.dali_checkpointing=false) the saved epoch.
+            positions = self._resume.get("dali") or []
+            ended = bool(positions) and all(p and p.get("done") for p in positions)
+            self._resumed_epoch = int(self._resume["epoch"]) + int(ended)
 
     def val_dataloader(self) -> Any:
         if self.schedule is None:

@@ -134,11 +134,27 @@ class DaliBackend:
         device: Any = None,  # the training device: DALI's pipelines place their output on device_id themselves
     ) -> DaliLoader:
         """`first_epoch`: the epoch this loader starts at when it is built for a later epoch than the run's first
-        (progressive resizing): its list order and pipeline seed derive from it (seeding.dali_pipeline_seed).
+        (a progressive-resizing stage, a resumed run): its list order and pipeline seed derive from it
+        (seeding.dali_pipeline_seed), so that it does not replay epoch 0's order and augmentation draws.
         `position`: a resumed run's DaliLoader.position(): the train pipeline is built from its DALI checkpoint and
-        the loader goes on from there (ignored when empty, or saved by a loader of another signature, such as
-        another progressive-resizing size)."""
+        the loader goes on from there, with the list order and seed of the loader that saved it (the checkpoint
+        points into that order), whatever `first_epoch` says. Ignored when empty, when the reader does not
+        checkpoint, or when saved by a loader of another signature (another progressive-resizing size, another
+        per-device batch): the loader then starts fresh at `first_epoch`."""
         cfg = self.cfg
+        size = int(image_size or cfg.image_size)
+        checkpointing = split == "train" and bool(cfg.get("dali_checkpointing", True))
+        signature = (split, size, augment_magnitude, with_crop_shape, batch_size)
+        usable = (
+            checkpointing
+            and position
+            and list(position.get("signature", ())) == list(signature)
+            and position.get("first_epoch") is not None
+        )
+        if usable:
+            first_epoch = int(position["first_epoch"])  # type: ignore[index]
+        else:
+            position = None  # another graph (e.g. another progressive size or batch): a fresh start
         files = self.files(split)
         if len(files) < world_size:
             where = split_dir(cfg.root, split) if self.shards is None else f"{cfg.root} ({split} shards)"
@@ -152,8 +168,8 @@ class DaliBackend:
             opened = functools.partial(_listed, files, split, rank, world_size, seed, first_epoch)
             # Train: every rank's reader gets the whole list and reads its part; val: only its part (_listed).
             part = (rank, world_size) if split == "train" else (0, 1)
-        return self._loader(files, opened, split, batch_size, rank, world_size, seed, image_size,
-                            augment_magnitude, with_crop_shape, part, first_epoch, position)  # fmt: skip
+        return self._loader(files, opened, split, batch_size, rank, world_size, seed, size, augment_magnitude,
+                            with_crop_shape, part, first_epoch, position, checkpointing, signature)  # fmt: skip
 
     def _loader(
         self,
@@ -164,15 +180,16 @@ class DaliBackend:
         rank: int,
         world_size: int,
         seed: int,
-        image_size: int | None,
+        size: int,
         augment_magnitude: int | None,
         with_crop_shape: bool,
         part: tuple[int, int],
         first_epoch: int,
         position: dict[str, Any] | None,
+        checkpointing: bool,
+        signature: tuple,
     ) -> DaliLoader:
         cfg = self.cfg
-        size = int(image_size or cfg.image_size)
         training = split == "train"
         common = {
             "shard_id": part[0],  # the reader's part of the samples, DALI's shard (loader)
@@ -209,7 +226,6 @@ class DaliBackend:
             )
         # Reader checkpointing (DALI's reader place and random states, for a resume at the exact batch:
         # loader.DaliLoader.position): 0.2 ms a batch, and a second copy of the names in the reader.
-        checkpointing = training and bool(cfg.get("dali_checkpointing", True))
         if training:
             randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
             if augment_magnitude is not None:
@@ -233,9 +249,6 @@ class DaliBackend:
             )
         else:
             make = functools.partial(val_pipeline, **common, resize=val_resize_size(cfg, common["size"]))
-        signature = (split, size, augment_magnitude, with_crop_shape)
-        if not (checkpointing and position and list(position.get("signature", ())) == list(signature)):
-            position = None  # another graph (e.g. another progressive size): a fresh start
         pipe = _built(make, opened, position["start"] if position else None)
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
@@ -255,6 +268,7 @@ class DaliBackend:
             prefetch=self.host_prefetch,
             checkpointing=checkpointing,
             signature=signature,
+            first_epoch=first_epoch,
             restored=position,
         )
 

@@ -160,12 +160,15 @@ class DaliLoader:
         prefetch: int = 1,
         checkpointing: bool = False,
         signature: tuple = (),
+        first_epoch: int = 0,
         restored: dict[str, Any] | None = None,
     ) -> None:
         """`checkpointing`: `pipe` checkpoints its reader (DALI's enable_checkpointing), so position() can say where
         the trainer is. `signature`: what the pipeline's graph depends on, kept in each position (the backend builds
-        a loader at a saved position only for the same signature). `restored`: the position `pipe` was built at
-        from its DALI checkpoint (DaliBackend.loader's `position`)."""
+        a loader at a saved position only for the same signature). `first_epoch`: the epoch `pipe`'s list order
+        and seed derive from (DaliBackend.loader), kept in each position too: a loader built at the position must
+        read the same order. `restored`: the position `pipe` was built at from its DALI checkpoint
+        (DaliBackend.loader's `position`)."""
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
@@ -201,6 +204,7 @@ class DaliLoader:
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
         self.checkpointing = checkpointing
         self.signature = list(signature)
+        self.first_epoch = int(first_epoch)
         self._position: dict[str, Any] = {}  # where the consumer is (position())
         self._restored: dict[str, Any] | None = None  # the position built at, applied at the first iter()
         try:
@@ -460,6 +464,7 @@ class DaliLoader:
                     self._position = {
                         "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
                         "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
+                        "first_epoch": self.first_epoch,
                     }  # fmt: skip
                 yield batch.result  # type: ignore[misc]
             if self._position:
