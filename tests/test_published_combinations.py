@@ -14,6 +14,16 @@ run or a new case.
 Why not a SIGKILL per case: a resume reads the same atomically written last.ckpt either way, and the kill
 itself is tested in test_kill_resume.py and test_distributed.py; one process pair for all cases keeps the
 test to about a minute instead of ~17 launches of ~10 s.
+
+Beyond running, each fit of each case on each rank is checked for what it did (the script's Probe callback): both
+ranks' parameters (network and EMA) bitwise equal; the logits' dtype and the precision plugin of the precision; the
+backend class; the number of training batches (accumulation); with mixup, the recipe's Mixup (mode, alpha,
+smoothing) in the module and network inputs that differ from the loaded images, without it none and the label
+smoothing implied by each step's loss equal to the recipe's; with EMA, every update a lerp toward the network by the
+decay of the recipe's schedule at that step, the EMA apart from both the network and the initial weights. For
+RESUME_CASES the resumed run's weights equal an uninterrupted 2-epoch run's bitwise (optimizer, EMA, RNG and loader
+state all carried). Each of these fails with its feature off: checked by disabling the EMA update, mixup
+(mix_prob 0), the criterion's smoothing, the RNG or optimizer restore, and by perturbing one rank's weights.
 """
 
 from __future__ import annotations
@@ -30,6 +40,11 @@ from tests.conftest import ROOT, clean_env, compose_config, free_port, make_imag
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml") if not p.stem.startswith("_"))
 CPU_PRECISION = {"amp": "amp", "bf16": "bf16"}  # any other (fp32, tf32) runs as fp32 on a CPU
 CPU_BACKEND = {"dali_gpu": "dali_cpu"}
+DTYPES = {"amp": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}  # the logits' in training
+BACKENDS = {"torchvision": ("TorchvisionBackend", None), "dali_cpu": ("DaliBackend", False)}
+# Resumed and uninterrupted runs compared bitwise: EMA, per-sample mixup (the global RNG), RMSprop's state and DALI;
+# the torchvision backend (its augmentation seeded per sample, so momentum SGD's state is what a bad resume loses).
+RESUME_CASES = ["tf2_efficientnet_b4_8xa100_tf32", "demo"]
 
 
 def combination(experiment: str) -> tuple[tuple[str, object], ...]:
@@ -93,7 +108,8 @@ def test_every_published_combination_trains_validates_and_resumes_on_two_ranks(t
         if policy in augmented:  # once per policy and backend: each DALI fit with a policy spends ~1.5 s on its graph
             overrides[name].append("data.augment=null")
         augmented.add(policy)
-    (tmp_path / "cases.json").write_text(json.dumps(overrides))
+    uninterrupted = {name: overrides[name] for name in RESUME_CASES}
+    (tmp_path / "cases.json").write_text(json.dumps({"cases": overrides, "uninterrupted": uninterrupted}))
     env = {**clean_env(), "MASTER_PORT": str(free_port())}
     result = warm_python.run([ROOT / "tests" / "published_combinations.py", str(tmp_path / "cases.json"),
                               str(tmp_path / "runs")], base_env=env, timeout=900)  # fmt: skip
@@ -108,3 +124,58 @@ def test_every_published_combination_trains_validates_and_resumes_on_two_ranks(t
         assert got["ema_in_checkpoint"] == f["ema"], (name, got)
         assert got["scaler_in_checkpoint"] == (f["precision"] == "amp"), (name, got)
         assert not got["charts"], (name, got)  # callbacks.charts=false: charts are not this test's subject
+    probes = [json.loads((tmp_path / "runs" / f"probe_rank{rank}.json").read_text()) for rank in (0, 1)]
+    for name, features in cases.items():
+        check_behaviour(name, dict(features), probes)
+    for name in RESUME_CASES:  # the resumed run ends where the uninterrupted one does, bitwise, on both ranks
+        for probe in probes:
+            resumed, whole = probe[f"{name}.resumed"], probe[f"{name}.uninterrupted"]
+            assert resumed["net_hash"] == whole["net_hash"], (name, resumed, whole)
+            assert resumed.get("ema_hash") == whole.get("ema_hash"), (name, resumed, whole)
+
+
+def check_behaviour(name: str, f: dict[str, object], probes: list[dict]) -> None:
+    """What each fit did on each rank (tests/published_combinations.py, Probe), against the experiment's recipe."""
+    recipe = compose_config([f"experiment={name}"]).recipe
+    for fit, steps in ((name, [1, 2]), (f"{name}.resumed", [3, 4])):
+        facts = [probe[fit] for probe in probes]
+        # DDP keeps the ranks' weights equal, bitwise
+        assert facts[0]["net_hash"] == facts[1]["net_hash"], (fit, "ranks' weights differ")
+        assert facts[0].get("ema_hash") == facts[1].get("ema_hash"), (fit, "ranks' EMA weights differ")
+        for got in facts:
+            assert got["net_moved"] > 0, (fit, got)
+            assert got["batches"] == 2 * (2 if f["accumulation"] else 1), (fit, got)
+            assert got["dtypes"] == [DTYPES[str(f["precision"])]], (fit, got)
+            assert got["precision_plugin"] == ("Precision" if f["precision"] == "fp32" else "MixedPrecision"), got
+            assert got["scaler"] == (f["precision"] == "amp"), (fit, got)
+            assert (got["backend"], got["dali_gpu"]) == BACKENDS[str(f["backend"])], (fit, got)
+            smoothing = float(recipe.label_smoothing)
+            if f["mixup"]:
+                mixup = {"mode": str(recipe.mixup_mode), "mixup_alpha": float(recipe.mixup),
+                         "cutmix_alpha": float(recipe.get("cutmix") or 0), "label_smoothing": smoothing}  # fmt: skip
+                assert got["mixup"] == mixup, (fit, got)
+                assert got["mixed_batches"] >= 1 and all(got["soft_targets"]), (fit, got)
+            else:
+                assert got["mixup"] is None and got["mixed_batches"] == 0, (fit, got)
+                assert not any(got["soft_targets"]), (fit, got)
+                assert got["implied_smoothing"] == pytest.approx([smoothing] * got["batches"], abs=2e-3), (fit, got)
+            if f["ema"]:
+                assert got["ema_decay"] == float(recipe.ema_decay), (fit, got)
+                assert [u[0] for u in got["ema_updates"]] == steps, (fit, got)
+                expected = [ema_decay(float(recipe.ema_decay), bool(f["ema_dynamic_decay"]), s) for s in steps]
+                observed = [(u[1], e) for u, e in zip(got["ema_updates"], expected) if u[1] is not None]
+                # None: the network did not move at that step (step 1: warmup's LR 0), so no decay is observable
+                assert observed, (fit, got)
+                assert [o for o, _ in observed] == pytest.approx([e for _, e in observed], abs=1e-4), (fit, got)
+                assert max(u[2] for u in got["ema_updates"]) < 1e-5, (fit, got)  # a lerp toward the network
+                assert got["ema_vs_net"] > 0 and got["ema_vs_initial"] > 0, (fit, got)
+            else:
+                assert got["ema_decay"] is None and not got["ema_updates"], (fit, got)
+
+
+def ema_decay(decay: float, dynamic: bool, step: int) -> float:
+    """The EMA's decay at optimizer step `step` (1 = the first): timm copies the weights at the first update; TF2's
+    dynamic decay is min(decay, 1 - 9 / (8 + step)) after it (imgcls/module.py)."""
+    if step <= 1:
+        return 0.0
+    return min(decay, 1 - 9 / (8 + step)) if dynamic else decay
