@@ -412,14 +412,17 @@ class Net(L.LightningModule):
 class Say(L.Callback):  # at once, before the teardown (whose collectives fail once the other rank has gone)
     def on_exception(self, trainer, module, error):
         if isinstance(error, TrainingError):
-            print(f"rank {trainer.global_rank}: {error}", flush=True)
             said = Path(sys.argv[1]).with_name("rank0-said")  # both ranks get the same argv
             if trainer.global_rank == 0:
+                print(f"rank 0: {error}", flush=True)
                 said.touch()
             else:  # Lightning's observer SIGKILLs rank 0 within 5 s of a child's failed exit: rank 1 stays until
                 deadline = time.monotonic() + 300  # rank 0 has said what it says, however slow (bounds a hang only)
                 while not said.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
+                # After rank 0's line, not beside it: the ranks share the pipe, and unbuffered writes of two
+                # processes interleaved mid-line once (CI: "...recipe.lr_per_256)rank 0: ...").
+                print(f"rank 1: {error}", flush=True)
 
 
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=20, logger=False,
