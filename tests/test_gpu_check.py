@@ -543,10 +543,8 @@ def test_parse_overhead_reads_the_real_table(capsys) -> None:
             float("nan"), nan_ok=True)}  # fmt: skip
 
 
-def test_main_runs_the_bare_loop_after_the_resnet50_row_and_exits_1_on_a_missed_mark(
-    tmp_path, monkeypatch, capsys
-) -> None:
-    """main() on a pretend 1-GPU H200: the resnet50 row's img/s reach the bare_loop row; a missed mark exits 1."""
+def pretend_one_h200(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() on this CPU machine as on one H200, with TMP/data's train/ and val/ and its run dirs under TMP/runs."""
     for split in ("train", "val"):
         (tmp_path / "data" / split).mkdir(parents=True)
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
@@ -554,6 +552,13 @@ def test_main_runs_the_bare_loop_after_the_resnet50_row_and_exits_1_on_a_missed_
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_properties",
                         lambda index: SimpleNamespace(name=H200, total_memory=141 * 2**30))  # fmt: skip
     monkeypatch.setattr(gpu_check.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "runs"))
+
+
+def test_main_runs_the_bare_loop_after_the_resnet50_row_and_exits_1_on_a_missed_mark(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """main() on a pretend 1-GPU H200: the resnet50 row's img/s reach the bare_loop row; a missed mark exits 1."""
+    pretend_one_h200(tmp_path, monkeypatch)
     argv = ["--data", str(tmp_path / "data"), "--only", "resnet50_amp_benchmark,bare_loop"]
     for resnet50_ips, code in ((6300, 0), (5760, 1)):
         fake = FakeRuns({"resnet50_amp_benchmark": benchmark(resnet50_ips, resnet50_ips + 50, 0.0),
@@ -572,13 +577,7 @@ def test_main_runs_ddp_after_the_single_gpu_benchmark_and_exits_1_on_a_missed_ma
 ) -> None:
     """main() on a pretend 1-GPU H200, --only naming ddp_nccl first: the single-GPU benchmark still runs before
     it, and its img/s reach the ddp_nccl row's mark."""
-    for split in ("train", "val"):
-        (tmp_path / "data" / split).mkdir(parents=True)
-    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_properties",
-                        lambda index: SimpleNamespace(name=H200, total_memory=141 * 2**30))  # fmt: skip
-    monkeypatch.setattr(gpu_check.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "runs"))
+    pretend_one_h200(tmp_path, monkeypatch)
     argv = ["--data", str(tmp_path / "data"), "--only", "ddp_nccl,resnet50_amp_benchmark"]
     for ddp_ips, code in ((5800, 0), (5400, 1)):  # of 6000 img/s on one GPU: 0.97x, 0.90x (mark 0.95x)
         fake = FakeRuns({"resnet50_amp_benchmark": benchmark(6000, 6050, 0.0), "ddp_nccl": benchmark(ddp_ips, 6000, 0)})
