@@ -333,7 +333,7 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
     log = (folder / f"{controller}_0_log.out").read_text()
     assert "received signal 12: saving" in log and "Restoring states from the checkpoint path at" in log, log[-3000:]
     hpc = sweep / "0" / "hpc_ckpt_1.ckpt"
-    # The newest checkpoint by step (checkpoint.resume_path): the requeue's hpc link and last.ckpt hold the same
+    # The newest checkpoint by step (checkpoint.resume_checkpoint): the requeue's hpc link and last.ckpt hold the same
     # step (the same file, linked), and a tie resumes from last.ckpt.
     assert f"Restoring states from the checkpoint path at {sweep / '0' / 'checkpoints' / 'last.ckpt'}" in log
     saved = torch.load(hpc, map_location="cpu", weights_only=False)["global_step"]

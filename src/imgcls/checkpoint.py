@@ -7,7 +7,7 @@ checkpoint a run may resume from.
 - RUN_DIR/checkpoints/epoch_NNNN.ckpt: with callbacks.checkpoint.keep_epochs=N, the newest N epochs (-1: all).
 - Every save is atomic and fsynced (storage.write_atomic), so a kill never leaves a truncated last.ckpt.
 - A restarted job (SLURM requeue, torchrun restart, submitit) resumes from its newest checkpoint by step, and no
-  run writes a checkpoint of an earlier step over a later one (resume_path, check_no_earlier_over_later).
+  run writes a checkpoint of an earlier step over a later one (resume_checkpoint).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         if path not in self._written and path.is_file():
-            # The start checked the run dir (check_no_earlier_over_later); this holds for any other way in.
+            # The start checked the run dir (resume_checkpoint); this holds for any other way in.
             step, held = checkpoint.get("global_step"), checkpoint_step(path)
             if step is not None and held is not None and held > int(step):
                 raise CheckpointError(
@@ -172,36 +172,33 @@ def newest_checkpoint(run_dir: str | Path) -> tuple[str, int] | None:
     return path, step
 
 
-def resume_path(ckpt_path: str | None, run_dir: str | Path, restarted_by: str | None) -> str | None:
-    """The checkpoint this run resumes from: ckpt_path= when given (`last`: last.ckpt); else, when the launcher
-    restarted this job (a SLURM requeue, a torchrun restart, submitit) or a requeue left its hpc_ckpt_N here, the
-    run's newest checkpoint by step. Lightning's own SLURM resume would take the newest hpc_ckpt_N even when a
-    later last.ckpt exists; this path is given to it explicitly instead."""
-    given = resolve_ckpt_path(ckpt_path, run_dir)
-    if given is not None or ckpt_path not in (None, "", "null"):
-        return given
-    if restarted_by is None and not requeue_checkpoints(run_dir):
-        return None
-    newest = newest_checkpoint(run_dir)
-    return None if newest is None else newest[0]
+def resume_checkpoint(ckpt_path: str | None, run_dir: str | Path, restarted_by: str | None) -> str | None:
+    """The checkpoint this run resumes from, None for a fresh start: ckpt_path= when given (`last`: last.ckpt, or a
+    fresh start while there is none); else, when the launcher restarted this job (a SLURM requeue, a torchrun
+    restart, submitit) or a requeue left its hpc_ckpt_N here, the run's newest checkpoint by step. (Lightning's own
+    SLURM resume would take the newest hpc_ckpt_N even when a later last.ckpt exists; the path is given to it.)
 
-
-def check_no_earlier_over_later(run_dir: str | Path, resume: str | None) -> None:
-    """Refuse, before training, a run that would write checkpoints of earlier steps over this run dir's later ones: a
-    fresh start in a run dir that holds a checkpoint past step 0, or a resume from an older checkpoint than it holds
-    (its saves would replace the later last.ckpt). One line naming both, and how to start over on purpose."""
-    newest = newest_checkpoint(run_dir)
+    Refuses, in one line before training, a run that would write checkpoints of earlier steps over this run dir's
+    later ones: a fresh start in a run dir that holds a checkpoint past step 0, or a resume from an older checkpoint
+    than it holds (its saves would replace the later last.ckpt), naming both and how to start over on purpose."""
+    newest = newest_checkpoint(run_dir)  # each file's step read once, here
+    if ckpt_path not in (None, "", "null"):
+        resume = resolve_ckpt_path(ckpt_path, run_dir)
+    elif restarted_by is not None or requeue_checkpoints(run_dir):
+        resume = None if newest is None else newest[0]
+    else:
+        resume = None
     if newest is None or newest[1] == 0:
-        return
+        return resume
     path, step = newest
-    start = 0 if resume is None else checkpoint_step(resume) or 0
-    if start >= step:
-        return
-    what = "starts at step 0" if resume is None else f"resumes from {resume} at step {start}"
-    raise CheckpointError(
-        f"run_dir={run_dir} holds {path} at step {step} and this run {what}: its checkpoints would replace a later "
-        f"one; resume it with ckpt_path=last, or start over in a new run dir (hydra.run.dir=...)"
-    )
+    start = step if resume == path else (checkpoint_step(resume) or 0 if resume is not None else 0)
+    if start < step:
+        what = "starts at step 0" if resume is None else f"resumes from {resume} at step {start}"
+        raise CheckpointError(
+            f"run_dir={run_dir} holds {path} at step {step} and this run {what}: its checkpoints would replace a "
+            "later one; resume it with ckpt_path=last, or start over in a new run dir (hydra.run.dir=...)"
+        )
+    return resume
 
 
 def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:

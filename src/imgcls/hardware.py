@@ -64,15 +64,6 @@ def _changes(node: Mapping[str, Any], pristine: Mapping[str, Any]) -> dict[str, 
     return changed
 
 
-def _merge(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in changes.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def _profile(name: str) -> dict[str, Any]:
     """conf/hardware/NAME.yaml as a run with hardware=NAME composes it (its defaults list and conf/local included)."""
     return OmegaConf.to_container(compose_config("train", [f"hardware={name}"]).hardware, resolve=False)
@@ -114,7 +105,8 @@ def resolve_auto_hardware(cfg: DictConfig) -> str | None:
         chosen = _profile(name)
         if "trainer" in cfg and _follows_profile(cfg.trainer, "devices"):
             chosen["devices"] = gpus  # a profile's count is its DGX's; this machine's GPUs are what it has
-        _merge(chosen, _changes({k: v for k, v in current.items() if k != "name"}, _profile(AUTO)))
+        changes = _changes({k: v for k, v in current.items() if k != "name"}, _profile(AUTO))
+        chosen = OmegaConf.to_container(OmegaConf.merge(chosen, changes), resolve=False)
         gpu = f"{gpus}x {properties.name} ({memory_gib:.0f} GiB)"
         reason = f"hardware=auto chose {name}: {gpu}, {_why(name, properties.name)}"
         log.info(reason)

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.order import training_callbacks
 from imgcls.callbacks.preemption import preemption_signals, restarted_by
-from imgcls.checkpoint import check_no_earlier_over_later, check_resumable, check_writable, resume_path
+from imgcls.checkpoint import check_resumable, check_writable, resume_checkpoint
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.hardware import resolve_auto_hardware
@@ -45,12 +45,11 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     # 3. Run dir: ours to write in, and the checkpoint to resume from, if any: ckpt_path=, or after a restart by the
     # launcher (SLURM requeue, torchrun, submitit) the run's newest checkpoint by step; never earlier over later.
     run_dir = Path(cfg.run_dir)
+    check_run_files_are_ours(run_dir)
     restart = restarted_by()
-    ckpt_path = resume_path(cfg.get("ckpt_path"), run_dir, restart)
+    ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), run_dir, restart)
     if ckpt_path is not None and cfg.get("ckpt_path") in (None, "", "null"):
         log.info("%s: resuming from %s", restart or "a requeued run", ckpt_path)
-    check_run_files_are_ours(run_dir)
-    check_no_earlier_over_later(run_dir, ckpt_path)
     check_writable(run_dir)
 
     # 4. Data.

@@ -112,11 +112,12 @@ def restore(net: nn.Module, state: dict[str, Any]) -> nn.Module:
 
 def calibration_device() -> torch.device:
     """This rank's GPU when there is one (calibrating ResNet50 on a CPU takes minutes), else the CPU; the GPU is
-    made the process's current CUDA device too. Calibration runs before the Trainer exists (train.py), so before
-    Lightning sets the device: left at its default, every call on "the current device" (a tensor made on "cuda",
-    torch.cuda.current_device() in a library) would make a CUDA context on GPU 0 from every rank of the node. The
-    local rank is the launcher's (distributed.launcher_local_rank: LOCAL_RANK, else srun's SLURM_LOCALID), which
-    Lightning picks this rank's GPU by later; taken modulo the visible GPUs, for a task that sees only its own."""
+    made the process's current CUDA device too. A caller that runs before Lightning has set the device (PTQ, a
+    calibration outside a fit) would otherwise leave it at its default, and every call on "the current device" (a
+    tensor made on "cuda", torch.cuda.current_device() in a library) would make a CUDA context on GPU 0 from every
+    rank of the node (train.py's calibration runs in configure_model, after Lightning has set it). The local rank
+    is the launcher's (distributed.launcher_local_rank: LOCAL_RANK, else srun's SLURM_LOCALID), which Lightning
+    picks this rank's GPU by; taken modulo the visible GPUs, for a task that sees only its own."""
     if not torch.cuda.is_available():  # these two queries make no CUDA context
         return torch.device("cpu")
     index = launcher_local_rank() % torch.cuda.device_count()
