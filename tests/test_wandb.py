@@ -5,9 +5,11 @@ confusion matrix; a resumed run continues the same W&B run id."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -81,11 +83,22 @@ def test_dashboard_scalars_and_config(wandb_run: Path) -> None:
 
 @pytest.mark.slow
 def test_sample_grid_of_augmented_training_images(wandb_run: Path) -> None:
-    (png,) = (offline_runs(wandb_run)[0] / "files" / "media" / "images").glob("train.samples_*.png")
-    grid = Image.open(png)
+    """The grid shows the images: each tile is its class's colour (image_folder: class k is channel k at 200-255,
+    the others 0-55, before augmentation), in the order of the caption's labels. A float grid in [0, 1] was
+    stored as is, a black PNG (pixel values 0 and 1)."""
+    offline = offline_runs(wandb_run)[0]
+    (png,) = (offline / "files" / "media" / "images").glob("train.samples_*.png")
+    grid = np.asarray(Image.open(png).convert("RGB"), dtype=np.float64)
     # 8 images of 32 px in one row, make_grid's 2 px padding around each.
-    assert grid.size == (8 * 34 + 2, 34 + 2)
-    assert b"train.samples" in wandb_log(offline_runs(wandb_run)[0], b"train.samples")
+    assert grid.shape == (34 + 2, 8 * 34 + 2, 3)
+    caption = re.search(rb'\["(class_\d(?: class_\d)*)"\]', wandb_log(offline, b"captions"))
+    assert caption is not None
+    labels = [int(name.rsplit("_", 1)[1]) for name in caption.group(1).decode().split()]
+    assert len(labels) == 8
+    for i, label in enumerate(labels):
+        means = grid[2:34, 2 + 34 * i : 34 + 34 * i].mean(axis=(0, 1))  # the tile, without its padding
+        assert means[label % 3] > 170, (i, label, means)
+        assert all(means[c] < 80 for c in range(3) if c != label % 3), (i, label, means)
 
 
 @pytest.mark.slow

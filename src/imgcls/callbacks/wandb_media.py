@@ -47,11 +47,19 @@ class WandbMedia(L.Callback):
         if self._logged_images or not self.images or logger is None or not trainer.is_global_zero:
             return
         self._logged_images = True
-        images, labels = batch[0][: self.images].detach().float().cpu(), batch[1][: self.images].cpu()
-        images = (images * self.std + self.mean).clamp(0, 1)  # undo the loader's normalization
-        grid = make_grid(images, nrow=min(8, len(images)), padding=2)
+        images, labels = batch[0][: self.images].detach().cpu(), batch[1][: self.images].cpu()
+        grid = make_grid(self.as_shown(images), nrow=min(8, len(images)), padding=2)
         caption = " ".join(self.classes[int(k)] for k in labels)
-        logger.log_image("train.samples", [grid], step=trainer.global_step, caption=[caption])
+        # HWC uint8: wandb stores a float array's values as they are (a [0, 1] grid became a black PNG).
+        logger.log_image("train.samples", [grid.permute(1, 2, 0).numpy()], step=trainer.global_step, caption=[caption])
+
+    def as_shown(self, images: torch.Tensor) -> torch.Tensor:
+        """A batch as the network sees it (normalized floats, or uint8 where a loader normalizes later) -> the
+        uint8 pixels of the augmented images."""
+        if images.dtype != torch.uint8:
+            images = (images.float() * self.std + self.mean).clamp(0, 1)  # undo the loader's normalization
+            images = (images * 255).round().to(torch.uint8)
+        return images
 
     def _final_validation(self, trainer: L.Trainer) -> bool:
         last = trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs - 1
