@@ -226,6 +226,8 @@ TRAIN: dict[str, Check] = {
     "recipe.augment": anything,
     "recipe.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),  # timm's name; DALI runs v0 only
     "recipe.interpolation": anything,
+    "recipe.train_crop": choice("random_resized", "tf"),  # data.train_crop (data/tf_crop.py)
+    "recipe.train_crop_object_boxes": boolean,
     "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
     "recipe.ema_dynamic_decay": boolean,  # TF2: the EMA decay ramps as min(decay, (1 + t) / (10 + t))
     # stage-wise recipes (recipe/tf2_efficientnet_stagewise: TF2 --n_stages, --base_img_size, --base_randaug_mag),
@@ -259,6 +261,10 @@ TRAIN: dict[str, Check] = {
     "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval: resize to image_size + N (PYT crop_padding 32)
     "data.train_crop_scale": numbers(2, 0, 1, ordered=True, open_low=True),
     "data.train_crop_ratio": numbers(2, 0, ordered=True, open_low=True),
+    "data.train_crop": choice("random_resized", "tf"),  # tf: TF's sample_distorted_bounding_box (data/tf_crop.py)
+    "data.train_crop_min_object_covered": number(0, 1),
+    "data.train_crop_attempts": POSITIVE,
+    "data.train_crop_object_boxes": boolean,
     "data.hflip": number(0, 1),
     "data.interpolation": anything,
     "data.augment": anything,

@@ -12,10 +12,12 @@ from timm.data.transforms import str_to_pil_interp
 from torchvision.transforms import Compose
 
 from imgcls.data.augment import augment_policy, autoaugment_hparams, with_tf_posterize
+from imgcls.data.tf_crop import TFDistortedCrop, crop_spec
 
 
 def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = True) -> Callable:
-    """RandomResizedCrop (area, aspect, interpolation per recipe) -> flip -> [policy] -> normalize.
+    """RandomResizedCrop (area, aspect, interpolation per recipe; data.train_crop=tf: TF's sampler,
+    data/tf_crop.py) -> flip -> [policy] -> normalize.
 
     normalize=False ends with a uint8 CHW tensor instead (the training loaders: normalized on the device,
     data/device_normalize.py)."""
@@ -40,6 +42,8 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
         separate=True,
     )
     primary, secondary, final = (list(stage.transforms) for stage in stages)
+    if cfg.get("train_crop", "random_resized") == "tf":
+        primary[0] = TFDistortedCrop(size, crop_spec(cfg), interpolation=str(cfg.interpolation))
     if autoaugment:
         hparams = autoaugment_hparams(size, str_to_pil_interp(cfg.interpolation))
         secondary = [with_tf_posterize(auto_augment_transform(policy, hparams))]

@@ -1,0 +1,206 @@
+"""TF's training crop (data/tf_crop.py): tf.image.sample_distorted_bounding_box as NVIDIA's TF1 and TF2 call it
+(TF1/utils/image_processing.py:52-61, TF2/dataloader/preprocessing.py:227-237), on the torchvision backend.
+
+The DALI backend's window comes from the same `sample_window` (tests/test_dali.py checks the pipeline). The
+opt-in test at the end compares the sampler with TensorFlow's own op over many draws."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imgcls.data.tf_crop import OBJECT_BOXES_INFO, DistortedCrop, TFDistortedCrop, sample_window
+from imgcls.data.transforms import train_transform
+from tests.conftest import compose_config
+
+NVIDIA = DistortedCrop(area_range=(0.05, 1.0), aspect_range=(0.75, 1.33), min_object_covered=0.1, max_attempts=100)
+
+
+def _covered(window: tuple[int, int, int, int], box: tuple[int, int, int, int]) -> float:
+    """Fraction of the pixel box (x0, y0, x1, y1) inside the window (y, x, h, w)."""
+    y, x, h, w = window
+    ix = max(0, min(x + w, box[2]) - max(x, box[0]))
+    iy = max(0, min(y + h, box[3]) - max(y, box[1]))
+    return ix * iy / ((box[2] - box[0]) * (box[3] - box[1]))
+
+
+@pytest.mark.parametrize(
+    "boxes", [None, np.array([[0.3, 0.55, 0.5, 0.9]]), np.array([[0, 0, 0.1, 0.1], [0.5, 0.5, 1, 1]])]
+)
+def test_every_window_covers_the_minimum_of_a_box_within_the_ranges(boxes: np.ndarray | None) -> None:
+    """Whatever the draw: inside the image, area and aspect in range (up to TF's rounding of the width), and
+    at least 10 % of one object box (the whole image when there is none) inside the crop, or the whole image."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        height, width = (int(v) for v in rng.integers(20, 700, 2))
+        y, x, h, w = window = sample_window(height, width, NVIDIA, rng.random((100, 4)), boxes)
+        assert 0 <= y and 0 <= x and y + h <= height and x + w <= width and h > 0 and w > 0
+        if (h, w) == (height, width):
+            continue  # the fallback, or a draw of the whole image
+        assert 0.05 * height * width * (1 - 1e-6) <= h * w <= height * width  # TF compares in float32
+        assert 0.75 - 0.5 / h <= w / h <= 1.33 + 0.5 / h  # width = round(aspect x height)
+        pixel = (
+            [(0, 0, width, height)]
+            if boxes is None
+            else [(int(b[1] * width), int(b[0] * height), int(b[3] * width), int(b[2] * height)) for b in boxes]
+        )
+        assert max(_covered(window, b) for b in pixel if (b[2] - b[0]) * (b[3] - b[1]) >= 1) >= 0.1
+
+
+def test_whole_image_box_rejects_every_crop_under_a_tenth_of_the_image() -> None:
+    """TF2 passes the whole image as the box: area_range's 5 % is never reached, 10 % is the floor. The crop's
+    height is uniform between the smallest and largest allowed heights, so areas pile up at the low end."""
+    rng = np.random.default_rng(1)
+    windows = np.array([sample_window(375, 500, NVIDIA, rng.random((100, 4))) for _ in range(4000)])
+    area = windows[:, 2] * windows[:, 3] / (375 * 500)
+    assert area.min() >= 0.1
+    assert area.min() < 0.11
+    assert 0.36 < area.mean() < 0.41  # torchvision's uniform area in [0.05, 1] averages 0.525
+    assert np.mean(area < 0.5) > 0.6
+
+
+def test_no_successful_attempt_gives_the_whole_image() -> None:
+    """max_attempts misses -> the whole image (TF's fallback), never a partial window."""
+    impossible = DistortedCrop(
+        area_range=(0.05, 0.5), aspect_range=(0.75, 1.33), min_object_covered=1.0, max_attempts=5
+    )
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        assert sample_window(300, 400, impossible, rng.random((5, 4))) == (0, 0, 300, 400)
+    # A box of no pixels counts for nothing: no attempt can cover it, so the whole image too.
+    empty = np.array([[0.5, 0.5, 0.5, 0.5]])
+    assert sample_window(300, 400, NVIDIA, rng.random((100, 4)), empty) == (0, 0, 300, 400)
+
+
+def test_one_attempt_reads_tfs_random_numbers_in_order() -> None:
+    """One attempt by hand, as GenerateRandomCrop computes it: aspect = 0.75 + u0 x 0.58, height = uniform
+    integer over [lrint(sqrt(0.05 x 400 x 300 / aspect)), lrint(sqrt(400 x 300 / aspect))] clipped to the image,
+    width = lrint(height x aspect), offsets floor(u x (size - crop))."""
+    u = np.array([[0.5, 0.25, 0.5, 0.75]])
+    aspect = np.float32(0.5) * np.float32(1.33 - 0.75) + np.float32(0.75)  # 1.04
+    low = int(np.rint(np.sqrt(np.float32(6000) / aspect)))
+    high = min(int(np.rint(np.sqrt(np.float32(120000) / aspect))), 300)
+    height = low + int(0.25 * (high - low + 1))
+    width = int(np.rint(np.float32(height) * aspect))
+    spec = DistortedCrop(max_attempts=1)
+    assert sample_window(300, 400, spec, u) == (int(0.5 * (300 - height)), int(0.75 * (400 - width)), height, width)
+
+
+def _photo(tmp_path: Path, size: tuple[int, int] = (500, 375)) -> Image.Image:
+    path = tmp_path / "photo.jpg"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path, quality=90)
+    return Image.open(path)
+
+
+@pytest.mark.parametrize("experiment", ["tf2_efficientnet_b0_8xa100_amp", "tf1_resnet50_dgx1v_amp_90e"])
+def test_tf_recipes_crop_with_tfs_sampler_on_torchvision(experiment: str, tmp_path: Path) -> None:
+    """The TF recipes' torchvision transform crops as TF does: never under 10 % of the image (torchvision's
+    RandomResizedCrop with area_range [0.05, 1] went down to 5 %)."""
+    data = compose_config([f"experiment={experiment}", "data.backend=torchvision"]).data
+    crop = train_transform(data).transforms[0]
+    assert isinstance(crop, TFDistortedCrop)
+    assert crop.spec == NVIDIA
+    image = _photo(tmp_path)
+    random.seed(0)
+    windows = np.array([crop.get_params(image) for _ in range(3000)])
+    assert (windows[:, 2] * windows[:, 3]).min() >= 0.1 * 500 * 375
+    out = crop(image)
+    assert out.size == (data.image_size, data.image_size)
+
+
+def test_pytorch_recipes_keep_torchvisions_random_resized_crop() -> None:
+    data = compose_config(["experiment=resnet50_dgx1v_amp_90e", "data.backend=torchvision"]).data
+    assert data.train_crop == "random_resized"
+    assert not isinstance(train_transform(data).transforms[0], TFDistortedCrop)
+
+
+def test_object_boxes_with_the_image_steer_the_crop(tmp_path: Path) -> None:
+    """TF1: the records' object boxes travel with the decoded image (PIL info); every crop covers 10 % of one."""
+    crop = TFDistortedCrop(64, NVIDIA)
+    image = _photo(tmp_path)
+    image.info[OBJECT_BOXES_INFO] = np.array([[0.0, 0.8, 0.2, 1.0]], np.float32)  # top-right corner, 4 % of the image
+    random.seed(1)
+    box = (400, 0, 500, 75)
+    for _ in range(500):
+        window = crop.get_params(image)
+        assert _covered(window, box) >= 0.1 or window == (0, 0, 375, 500)
+
+
+# The opt-in comparison with TensorFlow's own op: a python with tensorflow (this one, or IMGCLS_TF_PYTHON's).
+TF_SCRIPT = r"""
+import json, sys
+import tensorflow as tf
+job = json.loads(sys.stdin.read())
+tf.random.set_seed(0)
+out = []
+for case in job["cases"]:
+    boxes = tf.constant(case["boxes"] or [[0.0, 0.0, 1.0, 1.0]], tf.float32)[None]
+    size = tf.constant([case["height"], case["width"], 3], tf.int32)
+    draws = []
+    for _ in range(job["draws"]):
+        begin, extent, _ = tf.image.sample_distorted_bounding_box(
+            size, bounding_boxes=boxes, min_object_covered=0.1, aspect_ratio_range=[0.75, 1.33],
+            area_range=[0.05, 1.0], max_attempts=100, use_image_if_no_bounding_boxes=True)
+        draws.append([int(begin[0]), int(begin[1]), int(extent[0]), int(extent[1])])
+    out.append(draws)
+print(json.dumps(out))
+"""
+
+
+def _tf_python() -> str | None:
+    if os.environ.get("IMGCLS_TF_PYTHON"):
+        return os.environ["IMGCLS_TF_PYTHON"]
+    return sys.executable if importlib.util.find_spec("tensorflow") else None
+
+
+def _ks(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic."""
+    grid = np.union1d(a, b)
+    return float(
+        np.abs(
+            np.searchsorted(np.sort(a), grid, "right") / len(a) - np.searchsorted(np.sort(b), grid, "right") / len(b)
+        ).max()
+    )
+
+
+@pytest.mark.skipif(_tf_python() is None, reason="needs tensorflow (importable here, or IMGCLS_TF_PYTHON)")
+def test_sampler_draws_as_tensorflows_sample_distorted_bounding_box() -> None:
+    """Opt-in: over 4000 draws per case, the areas, aspects, offsets and fallback rate of sample_window and of
+    tf.image.sample_distorted_bounding_box agree (two-sample KS statistic < 0.045, about the 1 % level)."""
+    cases = [
+        {"height": 375, "width": 500, "boxes": None},  # TF2: the whole image
+        {"height": 333, "width": 500, "boxes": [[0.35, 0.4, 0.6, 0.7]]},  # TF1: an object box
+        {"height": 500, "width": 281, "boxes": [[0.0, 0.0, 0.15, 0.2], [0.7, 0.6, 0.95, 0.9]]},
+    ]
+    draws = 4000
+    job = json.dumps({"cases": cases, "draws": draws})
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [_tf_python(), "-c", TF_SCRIPT], input=job, capture_output=True, text=True, timeout=900, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    tf_windows = json.loads(done.stdout.strip().splitlines()[-1])
+    rng = np.random.default_rng(0)
+    for case, theirs in zip(cases, tf_windows):
+        boxes = np.array(case["boxes"]) if case["boxes"] else None
+        ours = np.array(
+            [sample_window(case["height"], case["width"], NVIDIA, rng.random((100, 4)), boxes) for _ in range(draws)]
+        )
+        theirs = np.array(theirs)
+        for name, stat in {
+            "area": lambda w: w[:, 2] * w[:, 3],
+            "aspect": lambda w: w[:, 3] / w[:, 2],
+            "y": lambda w: w[:, 0],
+            "x": lambda w: w[:, 1],
+        }.items():
+            assert _ks(stat(ours), stat(theirs)) < 0.045, (case, name)
