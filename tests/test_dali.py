@@ -263,14 +263,8 @@ def test_train_parts_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path)
         assert not parts[0] & parts[1] and len(parts[0] | parts[1]) == 24
 
 
-@pytest.mark.parametrize("resize", ["dali", "torch"])
-def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
-    folder: Path, monkeypatch: pytest.MonkeyPatch, resize: str
-) -> None:
-    """The trainer takes len(loader) batches and stops, without the StopIteration after them. The next epoch's
-    start ran out the old epoch with a for loop, whose iter() reset DALI's iterator into the reader's next epoch
-    and ran that out too: every epoch after the first decoded a whole epoch and threw it away. Now each epoch
-    takes its own batches only (the first epoch's extra one is the iterator's prefetched first batch)."""
+def _count_dali_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Patch DALI's iterators to count the batches taken from them (a batch a pipeline decoded)."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator
 
     taken = [0]
@@ -283,6 +277,18 @@ def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
             return batch
 
         monkeypatch.setattr(cls, "__next__", counted)
+    return taken
+
+
+@pytest.mark.parametrize("resize", ["dali", "torch"])
+def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, resize: str
+) -> None:
+    """The trainer takes len(loader) batches and stops, without the StopIteration after them. The next epoch's
+    start ran out the old epoch with a for loop, whose iter() reset DALI's iterator into the reader's next epoch
+    and ran that out too: every epoch after the first decoded a whole epoch and threw it away. Now each epoch
+    takes its own batches only (the first epoch's extra one is the iterator's prefetched first batch)."""
+    taken = _count_dali_batches(monkeypatch)
     loader = make_backend(data_cfg(folder, f"data.dali_train_resize={resize}")).loader("train", 8, 0, 1, seed=0)
     per_epoch = []
     for _ in range(3):
@@ -291,6 +297,40 @@ def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
             next(batches)
         per_epoch.append(taken[0] - sum(per_epoch))
     assert len(loader) == 3 and per_epoch[1:] == [3, 3], per_epoch  # 24 images / 8; before: [6, 6]
+
+
+@pytest.mark.parametrize("split,resize", [("train", "dali"), ("train", "torch"), ("val", "dali")])
+def test_an_epoch_left_early_costs_only_its_batches(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, split: str, resize: str
+) -> None:
+    """trainer.limit_train_batches / limit_val_batches take a few batches of each epoch. The next epoch's start ran
+    out the rest of the old one (5 of 6 batches here; the whole split on ImageNet: 1,083 s at a resumed start);
+    now it starts a new pipeline at the next epoch. A resumed loader at such an epoch's end (its position says
+    `early`) starts that same next epoch fresh, with the same batches as the loader that saved it."""
+    taken = _count_dali_batches(monkeypatch)
+    backend = make_backend(data_cfg(folder, f"data.dali_train_resize={resize}"))
+    size = 4 if split == "train" else 3  # 24 train images: 6 batches; 21 val images: 7 batches
+    loader = backend.loader(split, size, 0, 1, seed=0)
+    firsts, reads = [], []
+    for _ in range(3):
+        before = taken[0]
+        firsts.append(next(iter(loader))[1].tolist())  # one batch, then the epoch is left
+        reads.append(taken[0] - before)
+        if split == "train" and len(firsts) == 1:
+            saved = loader.position(steps_per_epoch=1)
+    # The producer thread (torch resize) may have run ahead by its queue; the rest of the epoch is never read.
+    assert len(loader) >= 6 and all(n <= 3 for n in reads), reads
+    if split == "val":  # val reads its part in order: every epoch starts at the same batch
+        assert firsts[0] == firsts[1] == firsts[2]
+        return
+    assert firsts[0] != firsts[1] != firsts[2]  # each a new epoch, not epoch 0's order again
+    assert saved["done"] and saved["early"]
+    before = taken[0]
+    resumed = backend.loader(split, size, 0, 1, seed=0, position=saved)
+    assert next(iter(resumed))[1].tolist() == firsts[1]
+    assert taken[0] - before <= 3  # before: the saved batch made again, then the epoch's 5 others run out
+    again = backend.loader(split, size, 0, 1, seed=0, position=resumed.position(steps_per_epoch=1))
+    assert next(iter(again))[1].tolist() == firsts[2]
 
 
 def test_resumed_data_module_builds_its_dali_pipeline_once_at_the_saved_batch(
@@ -536,6 +576,35 @@ def test_dali_run_stopped_mid_epoch_resumes_at_the_exact_batch(tmp_path: Path) -
         assert (tmp_path / "ts" / name).read_text() == (tmp_path / "tf" / name).read_text(), epoch
 
 
+@pytest.mark.slow
+def test_dali_run_with_limited_epochs_resumes_at_the_next_epoch_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    """trainer.limit_train_batches=2 of 6: a run stopped after epoch 0 (trainer.max_epochs=1) and resumed with
+    ckpt_path=last trains epochs 1-2 on the same files in the same order, to bitwise the same weights, as a run of
+    3 epochs; each epoch after the first starts a new pipeline instead of decoding the rest of the last."""
+    data = make_image_folder(tmp_path / "data", classes=3, train_per_class=16, val_per_class=2)
+    args = tiny_overrides(
+        data, "data.backend=dali_cpu", "recipe.epochs=3", "recipe.warmup_epochs=0", "trainer.limit_train_batches=2",
+        "data.dali_train_resize=torch",
+    )  # fmt: skip  # 48 images / batch 8 = 6 batches, 2 taken per epoch
+    full = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'full'}", f"data.trace_dir={tmp_path / 'tf'}")
+    assert full.returncode == 0, full.stderr[-2000:]
+    run_dir, trace = tmp_path / "split", f"data.trace_dir={tmp_path / 'ts'}"
+    first = run_cli("train.py", *args, f"hydra.run.dir={run_dir}", trace, "trainer.max_epochs=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run_cli("train.py", *args, f"hydra.run.dir={run_dir}", trace, "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in read_report(run_dir)["epochs"]] == [2, 4, 6]
+    ref = torch.load(tmp_path / "full" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    end = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    for key, value in ref["state_dict"].items():
+        assert torch.equal(value, end["state_dict"][key]), key
+    names = [f"train_rank0_epoch{epoch}.txt" for epoch in range(3)]
+    orders = [(tmp_path / "tf" / name).read_text().split() for name in names]
+    assert [(tmp_path / "ts" / name).read_text().split() for name in names] == orders
+    # Only what the trainer took (and the producer's queue ahead of it) was read: 16 of 48 files, not the rest.
+    assert all(16 <= len(order) <= 32 for order in orders) and len({tuple(o) for o in orders}) == 3
+
+
 # --- the torch resize in a background thread (data.dali_host_prefetch) ----------------------------------------
 
 
@@ -765,5 +834,5 @@ def test_a_loaders_pipeline_is_shut_down_in_imgcls_thread_not_the_callers() -> N
             self.thread, self._pipe = threading.current_thread().name, None
 
     pipe = Pipe()
-    _release(pipe, None).result(timeout=10)
+    _release([pipe], None).result(timeout=10)
     assert pipe.thread == "imgcls-dali-shutdown" and pipe._pipe is None

@@ -8,10 +8,13 @@ folder this benchmark owns (`--dir`, default `$IMGCLS_CACHE/startup-<classes>x<t
 
 Then, for each backend, it starts the real training entry (`python train.py data=folder ...`, resnet18 at
 a small image size, one optimizer step, no validation) as a subprocess, and resumes that run once from its
-`last.ckpt` for one more step (what a requeued job does). Per start it prints:
+`last.ckpt` for one more step (what a requeued job does). With `--limit-train-batches K`, each start trains one
+epoch of K steps instead (trainer.limit_train_batches, as gpu-check's rows and short trials do): the resumed start
+begins at the next epoch, after one that the first start left K steps in. Per start it prints:
 - time to first step: from the spawn until the run's report.json appears. The report callback writes it
   at the end of the training epoch, which `trainer.max_steps` ends right after the step: everything from
-  Python's start to the first optimizer step, and nothing of the exit.
+  Python's start to the first optimizer step, and nothing of the exit (with --limit-train-batches: to the end
+  of the epoch's K steps).
 - exit: the whole process, for reference.
 - peak RSS: the largest resident set of any one process of the run (ru_maxrss of the reaped children,
   taken in a fresh wrapper process per start so that earlier starts do not count).
@@ -145,7 +148,11 @@ def train_overrides(tree: Path, backend: str, run_dir: Path, args: argparse.Name
         f"recipe.global_batch_size={args.batch_size * args.devices}",
         *([f"trainer.devices={args.devices}", "trainer.accelerator=cpu"] if args.devices > 1 else []),
         f"model.image_size={args.image_size}",
-        f"trainer.max_steps={2 if resume else 1}",
+        *(
+            [f"trainer.limit_train_batches={args.limit_train_batches}", f"trainer.max_epochs={2 if resume else 1}"]
+            if args.limit_train_batches
+            else [f"trainer.max_steps={2 if resume else 1}"]
+        ),
         "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
@@ -238,6 +245,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="data.num_workers (the cpu profile's default)")
     parser.add_argument("--devices", type=int, default=1, help="DDP ranks (gloo, on this machine's CPUs)")
+    parser.add_argument(
+        "--limit-train-batches", type=int, default=0, help="K: epochs of K steps; the resumed start opens epoch 2"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument(
         "--no-disk-warmup", action="store_true", help="skip the untimed import that reads the libraries from disk"

@@ -50,6 +50,7 @@ from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.remote import local_copies
 from imgcls.data.shards.tfrecord import dali_index_files
+from imgcls.data.tf_crop import crop_spec
 from imgcls.data.transforms import val_resize_size
 from imgcls.distributed import made_once
 from imgcls.errors import ConfigError, DataError
@@ -138,9 +139,11 @@ class DaliBackend:
         (seeding.dali_pipeline_seed), so that it does not replay epoch 0's order and augmentation draws.
         `position`: a resumed run's DaliLoader.position(): the train pipeline is built from its DALI checkpoint and
         the loader goes on from there, with the list order and seed of the loader that saved it (the checkpoint
-        points into that order), whatever `first_epoch` says. Ignored when empty, when the reader does not
-        checkpoint, or when saved by a loader of another signature (another progressive-resizing size, another
-        per-device batch): the loader then starts fresh at `first_epoch`."""
+        points into that order), whatever `first_epoch` says; a position at the end of an epoch the trainer left
+        early (DaliLoader.position's `early`) starts the next epoch fresh, as the loader that saved it would have.
+        Ignored when empty, when the reader does not checkpoint, or when saved by a loader of another signature
+        (another progressive-resizing size, another per-device batch): the loader then starts fresh at
+        `first_epoch`."""
         cfg = self.cfg
         size = int(image_size or cfg.image_size)
         checkpointing = split == "train" and bool(cfg.get("dali_checkpointing", True))
@@ -151,7 +154,10 @@ class DaliBackend:
             and list(position.get("signature", ())) == list(signature)
             and position.get("first_epoch") is not None
         )
-        if usable:
+        if usable and position.get("done") and position.get("early"):  # type: ignore[union-attr]
+            first_epoch = int(position["first_epoch"]) + int(position["epoch"]) + 1  # type: ignore[index]
+            position = None  # nothing of the saved pipeline is needed (DaliLoader._finish_epoch)
+        elif usable:
             first_epoch = int(position["first_epoch"])  # type: ignore[index]
         else:
             position = None  # another graph (e.g. another progressive size or batch): a fresh start
@@ -161,11 +167,12 @@ class DaliBackend:
             raise DataError(f"{where} has {len(files)} images, fewer than {world_size} ranks")
         if isinstance(files, ShardCatalog):
             # DALI's shard readers split the records among the ranks themselves (pipelines._read_records).
-            shards = self._shard_source(files, split, world_size, seed, first_epoch)
-            opened: Callable[[], AbstractContextManager] = functools.partial(contextlib.nullcontext, shards)
+            def opened(epoch: int) -> AbstractContextManager:
+                return contextlib.nullcontext(self._shard_source(files, split, world_size, seed, epoch))
+
             part = (rank, world_size)
         else:
-            opened = functools.partial(_listed, files, split, rank, world_size, seed, first_epoch)
+            opened = functools.partial(_listed, files, split, rank, world_size, seed)
             # Train: every rank's reader gets the whole list and reads its part; val: only its part (_listed).
             part = (rank, world_size) if split == "train" else (0, 1)
         return self._loader(files, opened, split, batch_size, rank, world_size, seed, size, augment_magnitude,
@@ -174,7 +181,7 @@ class DaliBackend:
     def _loader(
         self,
         files: Catalog,
-        opened: Callable[[], AbstractContextManager],
+        opened: Callable[[int], AbstractContextManager],
         split: str,
         batch_size: int,
         rank: int,
@@ -206,7 +213,6 @@ class DaliBackend:
             "num_threads": max(1, int(cfg.num_workers)),
             # dali_cpu never touches CUDA (device_id=None), so it also runs on machines without a GPU.
             "device_id": torch.cuda.current_device() if self.gpu else None,
-            "seed": dali_pipeline_seed(seed, rank, first_epoch),
             "prefetch_queue_depth": max(1, int(cfg.prefetch_factor or 2)),
         }
         host_resize: HostResize | None = None
@@ -242,6 +248,8 @@ class DaliBackend:
                 randaugment=randaugment,
                 with_crop_shape=with_crop_shape,
                 host_resize=host_resize is not None,
+                tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,  # data/tf_crop.py
+                object_boxes=bool(cfg.get("train_crop_object_boxes")),
                 # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts
                 # the pipeline's source with DALI's autograph (~1 s a build), so only when an augment policy runs.
                 enable_conditionals=cfg.augment is not None,
@@ -249,7 +257,13 @@ class DaliBackend:
             )
         else:
             make = functools.partial(val_pipeline, **common, resize=val_resize_size(cfg, common["size"]))
-        pipe = _built(make, opened, position["start"] if position else None)
+
+        def pipeline(epoch: int, checkpoint: str | None = None) -> Any:
+            """The pipeline with EPOCH's list order and seed (seeding.dali_list_order, dali_pipeline_seed)."""
+            seeded = functools.partial(make, seed=dali_pipeline_seed(seed, rank, epoch))
+            return _built(seeded, functools.partial(opened, epoch), checkpoint)
+
+        pipe = pipeline(first_epoch, position["start"] if position else None)
         trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
         outputs += ["crop_shape"] if with_crop_shape else []
@@ -270,6 +284,7 @@ class DaliBackend:
             signature=signature,
             first_epoch=first_epoch,
             restored=position,
+            rebuild=pipeline,
         )
 
 

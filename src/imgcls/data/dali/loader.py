@@ -9,7 +9,7 @@ import math
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,19 +51,19 @@ _reaper: OneThreadExecutor | None = None
 _reaper_lock = threading.Lock()
 
 
-def _release(pipe: Any, worker: OneThreadExecutor | None) -> Future:
-    """A loader's end (DaliLoader.close, or its finalizer): the pipeline shut down in a thread of imgcls's, never
-    in the caller's. A finalizer runs in whatever thread the garbage collector runs in, DALI's executor threads
-    included (they run the bad-image check's Python), and an executor thread that shuts down its own pipeline
-    joins itself (std::terminate: "Resource deadlock avoided"). The loader's worker, after the producer has
-    returned; without one, a shared thread."""
+def _release(pipes: list[Any], worker: OneThreadExecutor | None) -> Future:
+    """A loader's end (DaliLoader.close, or its finalizer): its pipeline (PIPES' one) shut down in a thread of
+    imgcls's, never in the caller's. A finalizer runs in whatever thread the garbage collector runs in, DALI's
+    executor threads included (they run the bad-image check's Python), and an executor thread that shuts down its
+    own pipeline joins itself (std::terminate: "Resource deadlock avoided"). The loader's worker, after the
+    producer has returned; without one, a shared thread."""
     global _reaper
     if worker is None:
         with _reaper_lock:
             if _reaper is None:
                 _reaper = OneThreadExecutor("imgcls-dali-shutdown")
-        return _reaper.submit(functools.partial(shut_down, pipe))
-    future = worker.submit(functools.partial(shut_down, pipe))
+        return _reaper.submit(functools.partial(shut_down, pipes[0]))
+    future = worker.submit(functools.partial(shut_down, pipes[0]))
     worker.close()
     return future
 
@@ -162,13 +162,15 @@ class DaliLoader:
         signature: tuple = (),
         first_epoch: int = 0,
         restored: dict[str, Any] | None = None,
+        rebuild: Callable[[int], Any] | None = None,
     ) -> None:
         """`checkpointing`: `pipe` checkpoints its reader (DALI's enable_checkpointing), so position() can say where
         the trainer is. `signature`: what the pipeline's graph depends on, kept in each position (the backend builds
         a loader at a saved position only for the same signature). `first_epoch`: the epoch `pipe`'s list order
         and seed derive from (DaliBackend.loader), kept in each position too: a loader built at the position must
         read the same order. `restored`: the position `pipe` was built at from its DALI checkpoint
-        (DaliBackend.loader's `position`)."""
+        (DaliBackend.loader's `position`). `rebuild(epoch)`: a new pipeline like `pipe`, built fresh for that epoch
+        (its list order and seed), for the epoch after one the consumer left early (_finish_epoch)."""
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
@@ -199,7 +201,8 @@ class DaliLoader:
         self._worker = OneThreadExecutor("imgcls-dali-host") if self.prefetch else None
         # The pipeline is shut down when the loader is closed or collected, never left to DALI's __del__
         # (shut_down); at interpreter exit DALI's own atexit hook shuts down what is left, in the main thread.
-        self._end = weakref.finalize(self, _release, pipe, self._worker)
+        self._pipes = [pipe]  # the one pipeline; a list, so that the finalizer ends the one rebuilt last
+        self._end = weakref.finalize(self, _release, self._pipes, self._worker)
         self._end.atexit = False
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
         self.checkpointing = checkpointing
@@ -207,6 +210,13 @@ class DaliLoader:
         self.first_epoch = int(first_epoch)
         self._position: dict[str, Any] = {}  # where the consumer is (position())
         self._restored: dict[str, Any] | None = None  # the position built at, applied at the first iter()
+        self._rebuild = rebuild
+        self._outputs = outputs
+        # What the consumer did with the last epoch it iterated (_finish_epoch): the DALI batches up to the last
+        # one it was given, and whether it saw the epoch's end.
+        self._started = self._ended = False
+        self._taken_by_consumer = 0
+        self.batches_read = 0  # DALI batches read in this loader's life, ends of epochs run out included
         try:
             self._iterator = self._make_iterator(pipe, outputs, host_resize is not None)
         except BaseException:
@@ -239,8 +249,9 @@ class DaliLoader:
             last_batch_policy=policy, auto_reset=False,
         )  # fmt: skip
         # Built on the worker too: the iterator runs its first batch in its constructor.
+        on_worker = self._worker is not None and threading.current_thread() is not self._worker.thread
         try:
-            return self._worker.call(make) if self._worker is not None else make()
+            return self._worker.call(make) if on_worker else make()
         except RuntimeError as exc:
             raise reader_error(exc) from None
 
@@ -271,7 +282,9 @@ class DaliLoader:
             return {}
         limit = min(self.length, steps_per_epoch or self.length)
         done = self._position["done"] or self._position["steps"] >= limit
-        return {**self._position, "done": done}
+        # Left before the epoch's last batch: a fresh pipeline of the next epoch goes on from here (_finish_epoch).
+        early = done and not self._position["done"] and self._left_early(self._position["consumed"] + 1)
+        return {**self._position, "done": done, "early": early}
 
     # Lightning resumes a loader with these ("stateful"), loading rank 0's state into every rank; the ranks' DALI
     # readers are at different places, so the DataModule carries every rank's position() instead. These tell
@@ -292,16 +305,37 @@ class DaliLoader:
             except StopIteration:
                 return
             self._consumed += 1
+            self.batches_read += 1
             yield start, self._consumed - 1, batch
 
+    def _left_early(self, taken: int) -> bool:
+        """Whether a consumer that was given the epoch's DALI batches up to TAKEN (not its end) left before the
+        epoch's last wanted batch: trainer.limit_*_batches, or a run stopped mid-epoch."""
+        return taken < self.length
+
     def _finish_epoch(self, restored: dict[str, Any] | None = None) -> None:
-        # DALI cannot reset mid-epoch: run out the rest of an epoch that the consumer left early, or that a
-        # restored position had ended (its last batch is made again); a position inside its epoch goes on there.
+        # DALI cannot reset mid-epoch. An epoch the consumer left before its last batch (limit_train_batches,
+        # limit_val_batches: gpu-check's rows take 2) goes on with a new pipeline built for the next epoch, as a
+        # resumed run does (DaliBackend.loader): running out the rest decoded the whole split at every epoch's start
+        # (1,083 s on an ImageNet-size folder). The decision reads what the consumer took, never how far the
+        # producer thread ran ahead, so that an uninterrupted run and a resumed one take the same path.
+        # An epoch left at its last batch, or that a restored position had ended (its last batch is made again), is
+        # run out: what is left is the reader's padding, at most a batch or two. A restored position inside its
+        # epoch goes on there.
         # With next(), not a for loop: iter() on DALI's iterator resets it when it has given batches, and a reset
         # at the end of an epoch that has not raised StopIteration yet (the trainer stops at len(), the usual
         # case) starts the next epoch, which the loop then ran out too: a whole epoch decoded and thrown away at
         # every epoch's start.
         if restored is not None and not restored["done"]:
+            return
+        if (
+            restored is None
+            and self._rebuild is not None
+            and self._started
+            and not self._ended
+            and self._left_early(self._taken_by_consumer)
+        ):
+            self._next_pipeline()
             return
         if self._consumed or restored is not None:
             for _ in self._taken(checkpointing=False):
@@ -309,6 +343,16 @@ class DaliLoader:
             self._iterator.reset()
             self._consumed = 0
             self.epoch += 1
+
+    def _next_pipeline(self) -> None:
+        """The next epoch from a new pipeline built for it (`rebuild`); the old one is shut down first."""
+        epoch = self.first_epoch + self.epoch + 1
+        old, self._iterator = self._iterator, None
+        del old
+        shut_down(self._pipes[0])
+        self._pipes[0] = pipe = self._rebuild(epoch)  # type: ignore[misc]
+        self._iterator = self._make_iterator(pipe, self._outputs, self.host_resize is not None)
+        self.first_epoch, self.epoch, self._consumed = epoch, 0, 0
 
     def _record_bad(self, keys: torch.Tensor) -> None:
         """The policy for the samples the pipeline flagged."""
@@ -450,7 +494,10 @@ class DaliLoader:
         trace = None
         if self.trace is not None:
             self.trace.parent.mkdir(parents=True, exist_ok=True)
-            trace = open(f"{self.trace}_epoch{self.epoch}.txt", "a" if resumed else "w")  # noqa: SIM115 - closed below
+            epoch = self.first_epoch + self.epoch  # the run's epoch: a rebuilt pipeline counts from its own first
+            trace = open(f"{self.trace}_epoch{epoch}.txt", "a" if resumed else "w")  # noqa: SIM115 - closed below
+        self._started, self._ended = True, False
+        self._taken_by_consumer = int(restored["consumed"]) + 1 if resumed else 0
         try:
             previous, yielded = None, 0
             for batch in equal_step_counts(self._results(worker, trace, owed, resumed), self.refill, owed):
@@ -460,6 +507,7 @@ class DaliLoader:
                 if skip:
                     skip -= 1
                     continue
+                self._taken_by_consumer = batch.consumed + 1
                 if batch.start is not None:
                     self._position = {
                         "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
@@ -467,6 +515,7 @@ class DaliLoader:
                         "first_epoch": self.first_epoch,
                     }  # fmt: skip
                 yield batch.result  # type: ignore[misc]
+            self._ended = True
             if self._position:
                 self._position = {**self._position, "done": True}
         finally:
