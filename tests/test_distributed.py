@@ -337,6 +337,31 @@ def test_lightning_children_only_drop_the_log_file() -> None:
     assert launch_overrides([], "train", {}) == []  # a plain single-process run is untouched
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_only_rank_zero_of_a_multi_task_sweep_job_writes_hydra_files_and_the_log(tmp_path: Path, rank: str) -> None:
+    """A submitit job of several tasks runs Hydra's job setup in every task, from the pickled sweep config: no
+    command line of its own that launch_overrides could quiet. Every rank wrote .hydra/ and appended to the log;
+    now the config itself (conf/hydra/default.yaml) reads the task's rank where Hydra uses it. Here one task of
+    such a job: a sweep's job (the basic launcher runs it in this process, as submitit runs it in a task) with
+    the task's SLURM_PROCID."""
+    data = make_image_folder(tmp_path / "data", classes=2, train_per_class=8, val_per_class=2)
+    sweep = tmp_path / "sweep"
+    env = {**clean_env(), "WANDB_MODE": "offline", "SLURM_PROCID": rank}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", f"hydra.sweep.dir={sweep}",
+         *tiny_overrides(data, "trainer.max_steps=1", "logger=none")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    job = sweep / "0"
+    assert (job / "checkpoints" / "last.ckpt").is_file()  # the job ran
+    written = sorted(p.name for p in [*job.glob(".hydra/*"), *job.glob("*.log")])
+    assert written == (["config.yaml", "hydra.yaml", "overrides.yaml", "train.log"] if rank == "0" else [])
+    if rank == "0":
+        assert (job / "train.log").stat().st_size > 0
+
+
 def test_torchrun_without_an_id_fails_in_one_line(tmp_path: Path) -> None:
     env = {**clean_env(), "TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     result = subprocess.run(
