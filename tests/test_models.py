@@ -170,7 +170,7 @@ def test_efficientnet_batchnorm_and_dropout_as_published() -> None:
     bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert bns and all(bn.momentum == 0.01 and bn.eps == 1e-3 for bn in bns)
     assert net.drop_rate == 0.4
-    drop_paths = [m.drop_prob for m in net.modules() if type(m).__name__ == "DropPath"]
+    drop_paths = [m.drop_prob for m in net.modules() if type(m).__name__ in ("DropPath", "BatchDropPath")]
     assert drop_paths and max(drop_paths) == pytest.approx(0.2, abs=0.01)
 
 
@@ -253,3 +253,50 @@ def test_weights_files_are_never_unpickled_with_code(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match="hostile.pt .*not unpickled"):
             load()
     assert not marker.exists()
+
+
+def _drop_path_outputs(module: torch.nn.Module, draws: int = 200) -> list[torch.Tensor]:
+    """`draws` training-mode outputs of a drop-path module on a batch of 16 ones (seeded)."""
+    torch.manual_seed(0)
+    module.train()
+    return [module(torch.ones(16, 3, 2, 2)) for _ in range(draws)]
+
+
+def test_nvidia_pytorch_efficientnet_drops_the_residual_of_the_whole_batch_or_none() -> None:
+    """NVIDIA's StochasticDepthResidual (IC/models/common.py:281-298) draws one scalar mask per forward pass: every
+    sample's branch is kept x 1/survival_prob, or none is. timm's DropPath drew one mask per sample."""
+    from imgcls.models.stochastic_depth import BatchDropPath
+
+    net = build_network(compose_config(["model=efficientnet_b4"]).model, num_classes=10)
+    batchwise = [m for m in net.modules() if isinstance(m, BatchDropPath)]
+    assert batchwise and not [m for m in net.modules() if type(m).__name__ == "DropPath"]
+    assert max(m.drop_prob for m in batchwise) == pytest.approx(0.2, abs=0.01)  # timm's per-block rates kept
+    block = max(batchwise, key=lambda m: m.drop_prob)
+    outputs = _drop_path_outputs(block)
+    keep = 1 / (1 - block.drop_prob)
+    kinds = {"none" if torch.all(y == 0) else "all" if torch.allclose(y, torch.full_like(y, keep)) else "mixed"
+             for y in outputs}  # fmt: skip
+    assert kinds == {"none", "all"}  # both happen in 200 draws; never a batch with some samples dropped
+    block.eval()
+    assert torch.equal(block(torch.ones(4, 3)), torch.ones(4, 3))
+
+
+def test_tf2_efficientnet_keeps_timms_per_sample_drop_path() -> None:
+    """TF2's drop_connect is a Dropout with noise_shape (None, 1, 1, 1): one Bernoulli per sample
+    (TF2/model/blocks/mb_conv_block.py:132-134), timm's DropPath."""
+    cfg = compose_config(["experiment=tf2_efficientnet_b4_8xa100_amp"]).model
+    assert cfg.drop_path_mask == "sample"
+    net = build_network(cfg, num_classes=10)
+    drop_paths = [m for m in net.modules() if type(m).__name__ == "DropPath"]
+    assert drop_paths and not [m for m in net.modules() if type(m).__name__ == "BatchDropPath"]
+    outputs = _drop_path_outputs(max(drop_paths, key=lambda m: m.drop_prob), draws=20)
+    per_sample = torch.stack([y.flatten(1).amax(1) > 0 for y in outputs])  # (draws, 16) kept or not
+    assert bool((per_sample.any(1) & ~per_sample.all(1)).any())  # some batches keep some samples only
+
+
+def test_drop_path_mask_is_checked_in_one_line() -> None:
+    from imgcls.config_checks import check_config
+    from imgcls.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.drop_path_mask"):
+        check_config(compose_config(["model=efficientnet_b4", "model.drop_path_mask=channel"]))

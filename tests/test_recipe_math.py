@@ -14,7 +14,7 @@ from imgcls.models import build_network
 from imgcls.module import _ns
 from imgcls.optimizer import build_optimizer, parameter_groups
 from imgcls.plan import accumulation_steps, fit_per_device, make_plan
-from imgcls.scheduler import build_scheduler, scaled_lr, warmup_steps
+from imgcls.scheduler import EpochStartLR, build_scheduler, scaled_lr, warmup_steps
 from imgcls.train import run
 from tests.conftest import compose_config, read_report, tiny_overrides
 
@@ -53,11 +53,19 @@ def test_lr_follows_the_global_batch() -> None:
 
 
 def _lr_curve(
-    total: int, warmup: int, base: float = 2.048, end: float = 0.0, schedule: str = "cosine", epochs: int | None = None
+    total: int,
+    warmup: int,
+    base: float = 2.048,
+    end: float = 0.0,
+    schedule: str = "cosine",
+    epochs: int | None = None,
+    per_epoch: bool = False,
 ) -> list[float]:
     net = torch.nn.Linear(2, 2)
     opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.875, nesterov=False), base)
     sched = build_scheduler(opt, total, warmup, end, schedule, epochs=epochs)
+    if per_epoch:  # recipe.lr_interval=epoch
+        sched = EpochStartLR(sched, total // epochs, warmup * epochs // total)
     lrs = [opt.param_groups[0]["lr"]]
     for step in range(1, total + 1):  # how ClassificationModule.lr_scheduler_step drives it
         sched.step_update(num_updates=step)
@@ -82,6 +90,50 @@ def test_lr_at_step_zero_end_of_warmup_and_end() -> None:
 def test_lr_schedule_changes_every_step_not_every_epoch() -> None:
     lrs = _lr_curve(100, 10)
     assert len(set(round(x, 12) for x in lrs[10:20])) == 10
+
+
+def _per_epoch(lrs: list[float], steps: int, epochs: int) -> list[float]:
+    """The LR of each epoch's steps, checking that it is one value per epoch (lrs[t] is step t's LR)."""
+    values = []
+    for epoch in range(epochs):
+        within = lrs[epoch * steps : (epoch + 1) * steps]
+        assert max(within) - min(within) < 1e-12, (epoch, within)
+        values.append(within[0])
+    return values
+
+
+def test_epoch_interval_is_nvidias_per_epoch_lr_policy() -> None:
+    """recipe.lr_interval=epoch: NVIDIA's lr_cosine/linear/step_policy (image_classification/optimizers.py:93-130),
+    which set the LR from the epoch alone: warmup base (e + 1) / W, then e = epoch - W over es = epochs - W."""
+    base, steps = 0.0125, 7
+    # qat_efficientnet_b0: 10 epochs, cosine, no warmup. Its mean LR is 0.55 x base, 10 % above the per-step 0.5.
+    lrs = _lr_curve(70, 0, base, schedule="cosine", epochs=10, per_epoch=True)
+    cosine = [base * 0.5 * (1 + math.cos(math.pi * e / 10)) for e in range(10)]
+    assert _per_epoch(lrs, steps, 10) == pytest.approx(cosine, abs=1e-12)
+    assert sum(lrs[:70]) / 70 == pytest.approx(0.55 * base)
+    assert sum(_lr_curve(70, 0, base, schedule="cosine", epochs=10)[:70]) / 70 == pytest.approx(0.5 * base, rel=0.02)
+    # qat_efficientnet_b4: 2 epochs, linear: base, then base / 2.
+    assert _per_epoch(_lr_curve(14, 0, base, schedule="linear", epochs=2, per_epoch=True), steps, 2) == pytest.approx(
+        [base, base / 2]
+    )
+    # A warmup of 2 of 8 epochs, cosine: base / 2, base, then the cosine from base over the 6 epochs after it.
+    warm = _per_epoch(_lr_curve(56, 14, base, schedule="cosine", epochs=8, per_epoch=True), steps, 8)
+    assert warm == pytest.approx([base / 2, base] + [base * 0.5 * (1 + math.cos(math.pi * e / 6)) for e in range(6)])
+    # step: x0.1 from the first step of epoch 3 on (milestone 3), warmup 1 epoch.
+    net = torch.nn.Linear(2, 2)
+    opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.9, nesterov=False), base)
+    sched = EpochStartLR(build_scheduler(opt, 35, 7, 0.0, "step", milestones=(3,), epochs=5), 7, 1)
+    lrs = [opt.param_groups[0]["lr"]]
+    for step in range(1, 35):
+        sched.step_update(num_updates=step)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert _per_epoch(lrs, 7, 5) == pytest.approx([base, base, base, base / 10, base / 10])
+
+
+@pytest.mark.parametrize("recipe", ["qat_efficientnet_b0", "qat_efficientnet_b4"])
+def test_nvidias_pytorch_qat_recipes_change_the_lr_per_epoch(recipe: str) -> None:
+    assert compose_config([f"recipe={recipe}"]).recipe.lr_interval == "epoch"
+    assert compose_config(["recipe=90e"]).recipe.lr_interval == "step"
 
 
 @pytest.mark.slow
@@ -165,17 +217,23 @@ def test_an_absolute_lr_overrides_the_per_256_rule() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["step", "linear"])
-def test_training_follows_the_configured_schedule(schedule: str, image_folder: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("schedule", "interval"), [("step", "step"), ("linear", "step"), ("linear", "epoch")])
+def test_training_follows_the_configured_schedule(
+    schedule: str, interval: str, image_folder: Path, tmp_path: Path
+) -> None:
     """recipe.schedule reaches the real training loop: 3 epochs of 6 steps at batch 8 (LR 0.008), no warmup;
-    step decays x0.1 at epoch 1 and 2, linear ends each epoch at base x (1 - steps done / 18)."""
+    step decays x0.1 at epoch 1 and 2, linear ends each epoch at base x (1 - steps done / 18); per epoch
+    (recipe.lr_interval=epoch) linear runs epoch e at base x (1 - e / 3)."""
     overrides = tiny_overrides(image_folder, f"recipe.schedule={schedule}", "recipe.lr_milestones=[1,2]",
-                               "recipe.epochs=3", "recipe.warmup_epochs=0")  # fmt: skip
+                               "recipe.epochs=3", "recipe.warmup_epochs=0",
+                               f"recipe.lr_interval={interval}")  # fmt: skip
     run(compose_config(overrides, run_dir=tmp_path))
     lrs = [row["train.lr"] for row in read_report(tmp_path)["epochs"]]
     base = 0.256 * 8 / 256
     if schedule == "step":  # the LR after each epoch's last step, i.e. the next epoch's first LR
         assert lrs == pytest.approx([base * 0.1, base * 0.01, base * 0.01])
+    elif interval == "epoch":
+        assert lrs == pytest.approx([base * 2 / 3, base / 3, 0.0], abs=1e-12)
     else:
         assert lrs == pytest.approx([base * (1 - 6 / 18), base * (1 - 12 / 18), 0.0], abs=1e-12)
 

@@ -165,6 +165,7 @@ TRAIN: dict[str, Check] = {
     "model.drop_path_rate": RATE,
     "model.conv_init": choice(*CONV_INITS),  # NVIDIA --conv_init, or its legacy --model-config names
     "model.zero_init_last_bn": boolean,
+    "model.drop_path_mask": choice("sample", "batch"),  # models/stochastic_depth.py: timm/TF2 or NVIDIA PyTorch
     "model.bn_momentum": number(0, 1, open_low=True, null=True),
     "model.bn_eps": number(0, open_low=True, null=True),
     "model.weight_decay": WEIGHT_DECAY,
@@ -216,6 +217,7 @@ TRAIN: dict[str, Check] = {
     "recipe.lr_milestones": numbers(None, 0, ordered=True),
     "recipe.lr_decay_rate": number(0, 1, open_low=True, null=True),  # schedule=exponential
     "recipe.lr_decay_epochs": number(0, open_low=True, null=True),
+    "recipe.lr_interval": choice("step", "epoch"),  # scheduler.py: every optimizer step, or NVIDIA's per epoch
     "recipe.global_batch_size": POSITIVE_OR_NULL,
     "recipe.weight_decay": number(0, null=True),
     "recipe.weight_decay_on": choice(*WEIGHT_DECAY_SETS),  # optimizer.py parameter_groups

@@ -255,12 +255,12 @@ class ClassificationModule(L.LightningModule):
 # leaves the feature off, as in conf/model/*.yaml and conf/recipe/*.yaml. Required keys have no default.
 MODEL_DEFAULTS: dict[str, Any] = {
     "drop_path_rate": 0.0, "zero_init_last_bn": False, "bn_momentum": None, "bn_eps": None, "batch_divisor": 1,
-    "weights": None, "channels_last": False,
+    "weights": None, "channels_last": False, "drop_path_mask": "sample",
 }  # fmt: skip
 RECIPE_DEFAULTS: dict[str, Any] = {
     "nesterov": False, "end_lr": 0.0, "label_smoothing": 0.0, "mixup": 0.0,
     "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
-    "ema_dynamic_decay": False, "mixup_mode": "batch",
+    "ema_dynamic_decay": False, "mixup_mode": "batch", "lr_interval": "step",
 }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from imgcls.choices import CONV_INIT_ALIASES, CONV_INITS, TF_INITS
 from imgcls.errors import ConfigError
 from imgcls.models.squeeze_excitation import SE_RESNET_PREFIXES, se_kwargs
+from imgcls.models.stochastic_depth import use_drop_path_mask
 from imgcls.models.weights import in_network_layout, load_state, read_state_dict
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def build_network(cfg: Any, num_classes: int) -> nn.Module:
         se_width = se_width_of(str(cfg.arch), state, f"model.weights={cfg.weights}")
     kwargs.update(se_kwargs(cfg.arch, se_width, bool(cfg.get("wide_se"))))
     net = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
+    use_drop_path_mask(net, str(cfg.get("drop_path_mask") or "sample"))  # per sample (timm, TF2) or per batch
     init_nvidia(net, conv_init=cfg.conv_init, zero_init_last_bn=bool(cfg.zero_init_last_bn))
     set_batchnorm(net, momentum=cfg.get("bn_momentum"), eps=cfg.get("bn_eps"))
     if state is not None:
