@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from imgcls.data.tf_crop import OBJECT_BOXES_INFO, DistortedCrop, TFDistortedCrop, sample_window
 from imgcls.data.transforms import train_transform
-from tests.conftest import compose_config
+from tests.conftest import compose_config, make_image_folder, tiny_overrides
 
 NVIDIA = DistortedCrop(area_range=(0.05, 1.0), aspect_range=(0.75, 1.33), min_object_covered=0.1, max_attempts=100)
 
@@ -204,3 +205,67 @@ def test_sampler_draws_as_tensorflows_sample_distorted_bounding_box() -> None:
             "x": lambda w: w[:, 1],
         }.items():
             assert _ks(stat(ours), stat(theirs)) < 0.045, (case, name)
+
+
+# --- DALI (dali_cpu): the same sampler picks the window, fn.decoders.image_slice decodes it ------------------
+
+
+def _dali_cfg(root: Path, *extra: str):
+    pytest.importorskip("nvidia.dali")
+    overrides = tiny_overrides(root, "data.backend=dali_cpu", "recipe=tf2_efficientnet", "recipe.augment=null", *extra)
+    return compose_config([*overrides, "data.train_crop_scale=[0.05,1.0]", "data.train_crop_ratio=[0.75,1.33]"]).data
+
+
+@pytest.mark.parametrize("resize", ["torch", "dali"])
+def test_dali_crops_of_the_tf_recipes_never_go_under_a_tenth(tmp_path: Path, resize: str) -> None:
+    """DALI's random crop with random_area [0.05, 1] went down to 5 % of the image; TF's sampler never under 10 %."""
+    from imgcls.data.backends import make_backend
+
+    root = make_image_folder(tmp_path / "big", classes=1, train_per_class=2, val_per_class=1, size=(400, 300))
+    cfg = _dali_cfg(root, f"data.dali_train_resize={resize}")
+    assert cfg.train_crop == "tf"
+    loader = make_backend(cfg).loader("train", 2, 0, 1, seed=3, with_crop_shape=True)
+    shapes = torch.cat([next(iter(loader))[2] for _ in range(150)]).double()  # (h, w, c) of each crop
+    area = shapes[:, 0] * shapes[:, 1] / (400 * 300)
+    aspect = shapes[:, 1] / shapes[:, 0]
+    assert area.min() >= 0.1 and area.max() <= 1.0, (area.min(), area.max())
+    assert 0.36 < area.mean() < 0.44  # TF's: 0.387 for 500x375 over 20000 draws (test above); RRC's: 0.525
+    assert aspect.min() >= 0.745 and aspect.max() <= 1.335
+    assert next(iter(loader))[0].shape == (2, 3, 32, 32)
+
+
+def _boxed_records(root: Path) -> Path:
+    """NVIDIA TF1-style TFRecords (build_imagenet_data.py features): 400x300 images, red in the object box (the
+    top-left quarter), blue elsewhere."""
+    from imgcls.data.shards.tfrecord import encode_example, write_record
+
+    pixels = np.zeros((300, 400, 3), np.uint8)
+    pixels[..., 2] = 220
+    pixels[:150, :200] = (220, 0, 0)
+    path = root / "photo.jpg"
+    root.mkdir(parents=True)
+    Image.fromarray(pixels).save(path, quality=95)
+    for split in ("train", "validation"):
+        with open(root / f"{split}-00000-of-00001", "wb") as out:
+            for i in range(4):
+                write_record(out, encode_example(path.read_bytes(), 1, f"{i}.jpg", boxes=[(0.0, 0.0, 0.5, 0.5)]))
+    return root
+
+
+def test_dali_reads_tf1s_object_boxes_from_the_records(tmp_path: Path) -> None:
+    """TF1: every crop covers at least 10 % of the record's object box (red); with the whole image as the box
+    (train_crop_object_boxes=false, TF2) some crops hold no red at all."""
+    from imgcls.data.backends import make_backend
+
+    root = _boxed_records(tmp_path / "records")
+    red_share = {}
+    for boxes in (True, False):
+        cfg = _dali_cfg(
+            root, "data.format=tfrecord", f"data.shard_cache={tmp_path / 'cache'}", "data.hflip=0",
+            "data.dali_train_resize=dali", f"data.train_crop_object_boxes={boxes}", "data.num_classes=1",
+        )  # fmt: skip
+        loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+        images = torch.cat([next(iter(loader))[0] for _ in range(40)])
+        red_share[boxes] = (images[:, 0] > images[:, 2]).float().mean(dim=(1, 2))
+    assert red_share[True].min() > 0.01, red_share[True].min()
+    assert (red_share[False] == 0).any()

@@ -51,6 +51,7 @@ from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.remote import local_copies
 from imgcls.data.shards.tfrecord import dali_index_files
 from imgcls.data.tf_crop import crop_spec
+from imgcls.data.tf_crop import crop_spec
 from imgcls.data.transforms import val_resize_size
 from imgcls.distributed import made_once
 from imgcls.errors import ConfigError, DataError
@@ -248,6 +249,8 @@ class DaliBackend:
                 randaugment=randaugment,
                 with_crop_shape=with_crop_shape,
                 host_resize=host_resize is not None,
+                tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,  # data/tf_crop.py
+                object_boxes=bool(cfg.get("train_crop_object_boxes")),
                 tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,  # data/tf_crop.py
                 object_boxes=bool(cfg.get("train_crop_object_boxes")),
                 # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts

@@ -8,6 +8,10 @@ Differences from NVIDIA's PyTorch code, each on purpose:
   "label" is the sample index that the loader maps to the class (file_list.FileList.labels), or DALI's
   TFRecord / WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either
   way the loader knows which samples each rank read.
+- data.train_crop=tf (NVIDIA's TF recipes): TF's sample_distorted_bounding_box chooses the window in Python
+  (tf_crop.sample_window, fed by DALI's own random numbers) and `fn.decoders.image_slice` decodes it. DALI's
+  `fn.random_bbox_crop` is not that sampler: it draws each side's scale and checks the aspect afterwards, in
+  relative coordinates, with thresholds tried per attempt and no whole-image fallback after the attempts.
 - val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
 - every encoded file passes `check_encoded` (image_scan.scan_bytes) before the decoder: a bad file becomes a
   tiny placeholder image flagged in the extra "bad" output, which the loader drops and reports (loader.py),
@@ -30,8 +34,9 @@ from nvidia.dali.auto_aug import auto_augment, rand_augment
 from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
 from imgcls.data.dali import records
 from imgcls.data.image_scan import scan_bytes
-from imgcls.data.shards.tfrecord import IMAGE_KEY, LABEL_KEY
+from imgcls.data.shards.tfrecord import BOX_KEYS, IMAGE_KEY, LABEL_KEY
 from imgcls.data.shards.webdataset import IMAGE_EXTENSIONS, LABEL_EXTENSION
+from imgcls.data.tf_crop import UNIFORMS_PER_ATTEMPT, DistortedCrop, sample_window
 from imgcls.errors import ConfigError
 
 READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
@@ -112,6 +117,21 @@ def check_webdataset(
     return files, records.webdataset_keys(infos, cls), flags
 
 
+def _spec_values(spec: DistortedCrop) -> list[float]:
+    return [*spec.area_range, *spec.aspect_range, spec.min_object_covered, spec.max_attempts]
+
+
+def tf_window(shape: np.ndarray, uniforms: np.ndarray, spec: np.ndarray, *boxes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(anchor, shape) in pixels (H, W) of TF's crop of one image: tf_crop.sample_window. `spec`: the
+    DistortedCrop as _spec_values' numbers (a DALI constant: a module-level function takes no bound arguments
+    under conditionals); `boxes`: the record's ymin, xmin, ymax, xmax lists, or none (the whole image)."""
+    area_lo, area_hi, aspect_lo, aspect_hi, covered, attempts = (float(v) for v in spec)
+    crop = DistortedCrop((area_lo, area_hi), (aspect_lo, aspect_hi), covered, int(attempts))
+    object_boxes = np.stack([np.asarray(b, np.float32).reshape(-1) for b in boxes], axis=1) if boxes else None
+    y, x, h, w = sample_window(int(shape[0]), int(shape[1]), crop, uniforms, object_boxes)
+    return np.array([y, x], np.int32), np.array([h, w], np.int32)
+
+
 @dataclass(frozen=True)
 class FolderSource:
     """An image folder: DALI's file reader over a `file_list` of "path index" lines (FileList.write_list)."""
@@ -131,15 +151,16 @@ class ShardSource:
 
 
 def _read_rank_part(
-    source: FolderSource | ShardSource, shard_id: int, num_shards: int, training: bool
-) -> tuple[Any, Any, Any]:
-    """(checked files, keys, bad flags) of this rank's part of the samples (DALI's shard_id of num_shards), the
-    only part of the pipelines that differs
-    between data formats. A key is the sample index for a folder (the loader maps it to its class) and
-    (shard path hash, byte offset, stored label) for shard files (records.py)."""
+    source: FolderSource | ShardSource, shard_id: int, num_shards: int, training: bool, object_boxes: bool = False
+) -> tuple[Any, Any, Any, list[Any] | None]:
+    """(checked files, keys, bad flags, object boxes) of this rank's part of the samples (DALI's shard_id of
+    num_shards), the only part of the pipelines that differs between data formats. A key is the sample index
+    for a folder (the loader maps it to its class) and (shard path hash, byte offset, stored label) for shard
+    files (records.py). object_boxes: TFRecords' image/object/bbox/{ymin,xmin,ymax,xmax} (TF1's crop), four
+    float lists; None where the format has none."""
     if isinstance(source, FolderSource):
-        return _read_folder(source, shard_id, num_shards, training)
-    return _read_records(source, shard_id, num_shards, training)
+        return (*_read_folder(source, shard_id, num_shards, training), None)
+    return _read_records(source, shard_id, num_shards, training, object_boxes)
 
 
 def _read_folder(source: FolderSource, shard_id: int, num_shards: int, training: bool) -> tuple[Any, Any, Any]:
@@ -167,7 +188,9 @@ def _read_folder(source: FolderSource, shard_id: int, num_shards: int, training:
     return jpegs, index, bad
 
 
-def _read_records(source: ShardSource, shard_id: int, num_shards: int, training: bool) -> tuple[Any, Any, Any]:
+def _read_records(
+    source: ShardSource, shard_id: int, num_shards: int, training: bool, object_boxes: bool = False
+) -> tuple[Any, Any, Any, list[Any] | None]:
     """DALI's own readers of shard files. Each rank reads its contiguous range of the records (DALI splits the
     records of all files, in the order given, at floor(r * N / W)) and keeps it every epoch
     (stick_to_shard): ranks never read the same record. These readers have no shuffle_after_epoch: train
@@ -190,10 +213,13 @@ def _read_records(source: ShardSource, shard_id: int, num_shards: int, training:
             IMAGE_KEY: tfrec.FixedLenFeature((), tfrec.string, ""),  # missing: empty bytes, a bad record
             LABEL_KEY: tfrec.FixedLenFeature([1], tfrec.int64, -1),  # missing: -1, outside every label base
         }
+        if object_boxes:  # none in a record: empty lists, the whole image is the box
+            features.update({key: tfrec.VarLenFeature(tfrec.float32, 0.0) for key in BOX_KEYS})
         outputs = fn.readers.tfrecord(
             path=list(source.paths), index_path=list(source.index_paths), features=features, **common
         )
         jpegs, stored, check = outputs[IMAGE_KEY], outputs[LABEL_KEY], check_tfrecord
+        boxes = [outputs[key] for key in BOX_KEYS] if object_boxes else None
     else:
         # Alternatives of one component are ';'-separated; a sample without an image or a label stops
         # the reader naming the tar (DALI's error, raised through the loader).
@@ -201,10 +227,10 @@ def _read_records(source: ShardSource, shard_id: int, num_shards: int, training:
         jpegs, stored = fn.readers.webdataset(
             paths=list(source.paths), ext=[images, LABEL_EXTENSION], missing_component_behavior="error", **common
         )
-        check = check_webdataset
+        check, boxes = check_webdataset, None
     info = fn.get_property(jpegs, key="source_info")
     jpegs, key, bad = fn.python_function(jpegs, info, stored, function=check, num_outputs=3, batch_processing=True)
-    return jpegs, key, bad
+    return jpegs, key, bad, boxes
 
 
 @pipeline_def(enable_conditionals=True)  # conditionals: required by DALI's auto_aug policies (the backend turns them
@@ -232,25 +258,34 @@ def train_pipeline(
     randaugment: tuple[int, int] = (2, 9),
     with_crop_shape: bool = False,
     host_resize: bool = False,
+    tf_crop: DistortedCrop | None = None,
+    object_boxes: bool = False,
 ) -> Any:
     """`source`: what to read (a FolderSource or ShardSource); `file_list`/`file_root` are a FolderSource's
     fields, for callers that build the pipeline directly. Outputs (images, index, bad[, crop shape]).
     host_resize: stop after the ROI decode and return (crops, index, bad, mirror[, crop shape]); the loader
-    resizes, flips and normalizes in torch (host_resize.py: DALI's CPU resize is slow)."""
+    resizes, flips and normalizes in torch (host_resize.py: DALI's CPU resize is slow). tf_crop: TF's
+    sample_distorted_bounding_box with these arguments instead of DALI's random crop (crop_scale, crop_ratio
+    unused); object_boxes: against the TFRecords' object boxes (TF1), else the whole image (TF2)."""
     source = source or FolderSource(file_list, file_root)
-    jpegs, index, bad = _read_rank_part(source, shard_id, num_shards, training=True)
-    decoder_args: dict[str, Any] = {}
+    jpegs, index, bad, boxes = _read_rank_part(source, shard_id, num_shards, True, tf_crop is not None and object_boxes)
+    decoder_args: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
     if gpu:
-        decoder_args = {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
-    images = fn.decoders.image_random_crop(
-        jpegs,
-        device="mixed" if gpu else "cpu",
-        output_type=types.RGB,
-        random_area=list(crop_scale),
-        random_aspect_ratio=list(crop_ratio),
-        num_attempts=100,
-        **decoder_args,
-    )
+        decoder_args |= {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
+    if tf_crop is not None:
+        # TF's random numbers come from DALI (seeded with the pipeline, in its checkpoints); the window is
+        # chosen in Python from the encoded image's size, and only that window is decoded.
+        uniforms = fn.random.uniform(range=[0.0, 1.0], shape=[tf_crop.max_attempts, UNIFORMS_PER_ATTEMPT])
+        spec = types.Constant(np.array(_spec_values(tf_crop), np.float32))
+        inputs = [fn.peek_image_shape(jpegs), uniforms, spec, *(boxes or [])]
+        anchor, extent = fn.python_function(*inputs, function=tf_window, num_outputs=2)
+        images = fn.decoders.image_slice(
+            jpegs, anchor, extent, axis_names="HW", normalized_anchor=False, normalized_shape=False, **decoder_args
+        )
+    else:
+        images = fn.decoders.image_random_crop(
+            jpegs, random_area=list(crop_scale), random_aspect_ratio=list(crop_ratio), num_attempts=100, **decoder_args
+        )
     crop_shape = images.shape() if with_crop_shape else None  # (h, w, c) of each crop, for tests
     mirror = fn.random.coin_flip(probability=float(hflip))
     if host_resize:
@@ -296,7 +331,7 @@ def val_pipeline(
     fp16: bool = False,
 ) -> Any:
     source = source or FolderSource(file_list, file_root)
-    jpegs, index, bad = _read_rank_part(source, shard_id, num_shards, training=False)
+    jpegs, index, bad, _ = _read_rank_part(source, shard_id, num_shards, training=False)
     images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
     # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own

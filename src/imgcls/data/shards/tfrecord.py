@@ -29,6 +29,9 @@ IMAGE_KEY = "image/encoded"
 LABEL_KEY = "image/class/label"
 FILENAME_KEY = "image/filename"
 SYNSET_KEY = "image/class/synset"
+# The object boxes of TF1 build_imagenet_data.py, one float list per coordinate, relative to the image (what
+# TF1 reads for its crop, TF1/utils/image_processing.py:33-43), in sample_distorted_bounding_box's order.
+BOX_KEYS = ("image/object/bbox/ymin", "image/object/bbox/xmin", "image/object/bbox/ymax", "image/object/bbox/xmax")
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
 _FOOTER = struct.Struct("<I")  # masked crc of the data
 _MASK_DELTA = 0xA282EAD8
@@ -85,10 +88,16 @@ def _example_class() -> Any:
     return message_factory.GetMessageClass(file.message_types_by_name["Example"])
 
 
-def encode_example(image: bytes, label: int, filename: str | None = None, synset: str | None = None) -> bytes:
+def encode_example(
+    image: bytes,
+    label: int,
+    filename: str | None = None,
+    synset: str | None = None,
+    boxes: list[tuple[float, float, float, float]] | None = None,
+) -> bytes:
     """A serialized tf.train.Example with TF1 build_imagenet_data.py's features that the readers use
-    (image/encoded, image/class/label, image/filename, image/class/synset); deterministic bytes (map keys
-    sorted)."""
+    (image/encoded, image/class/label, image/filename, image/class/synset, the object boxes (ymin, xmin, ymax,
+    xmax) relative to the image); deterministic bytes (map keys sorted)."""
     example = _example_class()()
     feature = example.features.feature
     feature[IMAGE_KEY].bytes_list.value.append(image)
@@ -97,6 +106,9 @@ def encode_example(image: bytes, label: int, filename: str | None = None, synset
         feature[FILENAME_KEY].bytes_list.value.append(filename.encode())
     if synset is not None:
         feature[SYNSET_KEY].bytes_list.value.append(synset.encode())
+    for box in boxes or ():
+        for key, value in zip(BOX_KEYS, box):
+            feature[key].float_list.value.append(float(value))
     return example.SerializeToString(deterministic=True)
 
 
