@@ -93,6 +93,23 @@ def test_cpu_amp_is_bf16_unless_fp16_is_asked_for(caplog: pytest.LogCaptureFixtu
     )
 
 
+def test_tf2_amp_experiments_scale_the_loss_as_keras_mixed_float16() -> None:
+    """TF2 --use_amp is Keras's mixed_float16 policy with loss_scale='dynamic' (TF2/utils/setup.py:77,
+    runtime/runner.py:186): initial scale 2**15, x2 after 2000 finite steps, halved on an overflow. The PyTorch
+    recipes' GradScaler starts at 128 and grows every 100 steps; the TF2 experiments used to inherit that."""
+    names = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("tf2_*_amp.yaml"))
+    assert len(names) == 10
+    for name in names:
+        cfg = compose_config([f"experiment={name}", "precision.cpu_fp16=true"]).precision
+        (plugin,) = resolve_precision(cfg, "cpu")[1]
+        scaler = plugin.scaler
+        assert (scaler._init_scale, scaler._growth_interval, scaler._growth_factor, scaler._backoff_factor) == (
+            2.0**15, 2000, 2.0, 0.5,
+        ), name  # fmt: skip
+    pytorch = compose_config(["experiment=efficientnet_b0_dgxa100_amp_400e"]).precision.loss_scale
+    assert (pytorch.init_scale, pytorch.growth_interval) == (128.0, 100)
+
+
 @pytest.mark.slow
 def test_fp16_run_on_cpu_scales_from_128_and_grows(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
