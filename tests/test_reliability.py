@@ -314,15 +314,20 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
     the controller starts the task again, which resumes from the checkpoint in the same sweep dir and finishes,
     and the sweep ends with 0. Before, the task exited 140 and the launcher died with submitit's
     UncompletedJobError ("has not produced any output"); a requeued task would have started from scratch."""
-    sweep = tmp_path / "sweep"
+    sweep, marker = tmp_path / "sweep", tmp_path / "waiting"
     argv = [
         sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
         "hydra.launcher.timeout_min=10",
         *tiny_overrides(data, "recipe.epochs=6", "callbacks.checkpoint.every_n_train_steps=1", "logger=csv"),
+        # The task waits after its first last.ckpt until the signal is in (submitit's controller starts train.py
+        # itself: the waiting goes in as a Hydra callback, tests/train_until_signalled.py); the requeued task,
+        # which finds the marker, trains through. So the signal lands at step 2 on any machine's speed.
+        "+hydra.callbacks.waiter._target_=tests.train_until_signalled.WaitAfterCheckpoint",
+        f"+hydra.callbacks.waiter.marker={marker}",
     ]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "offline"}
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
     launcher = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_file(sweep / "0" / "checkpoints" / "last.ckpt", launcher)
+    _wait_for_file(marker, launcher)
     # Named for the job id, the pid of submitit's controller (beside the unexpanded "%j" it creates first).
     (folder,) = [f for f in (sweep / ".submitit").iterdir() if f.name.isdigit()]
     controller = int(folder.name)
@@ -338,7 +343,7 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
     assert f"Restoring states from the checkpoint path at {sweep / '0' / 'checkpoints' / 'last.ckpt'}" in log
     saved = torch.load(hpc, map_location="cpu", weights_only=False)["global_step"]
     last = torch.load(sweep / "0" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert 0 < saved < last["global_step"] == 6 * 3  # 24 images / batch 8 = 3 steps an epoch
+    assert saved == 2 and last["global_step"] == 6 * 3  # 24 images / batch 8 = 3 steps an epoch
     rows = json.loads((sweep / "0" / "report.json").read_text())["epochs"]
     # Every epoch once, the last one at the last step (the row of an epoch whose last step was the saved one is
     # missing: Lightning resumes a checkpoint of an epoch's last step after its validation, see docs/reliability.md).
