@@ -11,7 +11,8 @@ Lightning has no DALI integration (Lightning #791, won't fix) and DALI's iterato
   a batch-sized float copy costs a fifth of the whole CPU pipeline (docs/data-backends.md).
   test_dali.py checks that held batches stay intact.
 - Lightning needs the length of this rank's epoch and a fresh epoch on every `iter()`; DALI's iterator
-  warns and ignores a reset before its epoch ends (limit_*_batches): the adapter drains it first.
+  warns and ignores a reset before its epoch ends (limit_*_batches): the adapter starts the next epoch with a new
+  pipeline (`pipeline(epoch)` below).
 - The reader's label is the sample index (pipelines.py); the adapter maps it to the class label
   from the same folder walk as torchvision's ImageFolder, so labels are identical by construction, and it
   can record which samples a rank read (data.trace_dir).
@@ -50,7 +51,6 @@ from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.remote import local_copies
 from imgcls.data.shards.tfrecord import dali_index_files
-from imgcls.data.tf_crop import crop_spec
 from imgcls.data.tf_crop import crop_spec
 from imgcls.data.transforms import val_resize_size
 from imgcls.distributed import made_once
@@ -249,8 +249,6 @@ class DaliBackend:
                 randaugment=randaugment,
                 with_crop_shape=with_crop_shape,
                 host_resize=host_resize is not None,
-                tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,  # data/tf_crop.py
-                object_boxes=bool(cfg.get("train_crop_object_boxes")),
                 tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,  # data/tf_crop.py
                 object_boxes=bool(cfg.get("train_crop_object_boxes")),
                 # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts

@@ -216,7 +216,6 @@ class DaliLoader:
         # one it was given, and whether it saw the epoch's end.
         self._started = self._ended = False
         self._taken_by_consumer = 0
-        self.batches_read = 0  # DALI batches read in this loader's life, ends of epochs run out included
         try:
             self._iterator = self._make_iterator(pipe, outputs, host_resize is not None)
         except BaseException:
@@ -305,7 +304,6 @@ class DaliLoader:
             except StopIteration:
                 return
             self._consumed += 1
-            self.batches_read += 1
             yield start, self._consumed - 1, batch
 
     def _left_early(self, taken: int) -> bool:
@@ -439,7 +437,7 @@ class DaliLoader:
                     return True
                 except queue.Full:
                     continue
-            return False  # the consumer left: the rest of the epoch is run out by the next _finish_epoch
+            return False  # the consumer left: the next _finish_epoch decides what becomes of the epoch
 
         try:
             for start, consumed, batch in self._taken():
