@@ -6,9 +6,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from PIL import Image
 from timm.data import create_transform
 from timm.data.auto_augment import auto_augment_transform
-from timm.data.transforms import str_to_pil_interp
 from torchvision.transforms import Compose
 
 from imgcls.data.augment import augment_policy, autoaugment_hparams, with_tf_posterize
@@ -45,7 +45,9 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
     if cfg.get("train_crop", "random_resized") == "tf":
         primary[0] = TFDistortedCrop(size, crop_spec(cfg), interpolation=str(cfg.interpolation))
     if autoaugment:
-        hparams = autoaugment_hparams(size, str_to_pil_interp(cfg.interpolation))
+        # Rotate, Shear and Translate sample the nearest pixel, as TF2 (augment.py:178-181) and, but for
+        # Shear's bicubic, NVIDIA PyTorch (IC/autoaugment.py:89-118); not the resize's interpolation.
+        hparams = autoaugment_hparams(size, Image.NEAREST)
         secondary = [with_tf_posterize(auto_augment_transform(policy, hparams))]
     return Compose(primary + secondary + final)
 

@@ -29,10 +29,11 @@ import numpy as np
 import nvidia.dali.math as dmath
 import nvidia.dali.tfrecord as tfrec
 from nvidia.dali import fn, pipeline_def, types
-from nvidia.dali.auto_aug import auto_augment, rand_augment
+from nvidia.dali.auto_aug import rand_augment
 
 from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
 from imgcls.data.dali import records
+from imgcls.data.dali.tf_autoaugment import tf_auto_augment, tf_v0_policy
 from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards.tfrecord import BOX_KEYS, IMAGE_KEY, LABEL_KEY
 from imgcls.data.shards.webdataset import IMAGE_EXTENSIONS, LABEL_EXTENSION
@@ -298,9 +299,11 @@ def train_pipeline(
                 f"data.autoaugment_policy={autoaugment_policy} is not available with DALI (its AutoAugment "
                 "ImageNet policy is v0); use v0 or data.backend=torchvision"
             )
-        # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0).
-        # Translations in pixels as NVIDIA's (up to 250 px); with `shape` DALI would shift up to the whole image.
-        images = auto_augment.auto_augment_image_net(images, max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS)
+        # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0),
+        # here with TF's Posterize, Solarize and nearest-pixel warps (tf_autoaugment.py), as the torchvision
+        # backend (augment.py). Translations in pixels as NVIDIA's (up to 250 px); with `shape` DALI would shift
+        # up to the whole image.
+        images = tf_auto_augment(images, tf_v0_policy(max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS))
     elif augment == "randaugment":
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
