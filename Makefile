@@ -26,8 +26,9 @@ test: $(STAMP)    ## the test suite (CPU only; GPU tests skip without CUDA)
 test-fast: $(STAMP)   ## the edit loop: every test not marked slow (no training run, DDP or subprocess), ~1 min
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP)   ## ruff's lint and format check (CI runs it before the tests)
 	$(VENV)/bin/ruff check src tests train.py evaluate.py
+	$(VENV)/bin/ruff format --check src tests train.py evaluate.py
 
 # Input-pipeline throughput (docs/data-backends.md). Any folder of class folders of JPEGs works:
 #   make bench-data BENCH_ROOT=/data/imagenet CORES=8 IMAGE_SIZE=224
