@@ -123,8 +123,34 @@ def cli(trained: Path, mixed_folder: Path) -> dict[str, subprocess.CompletedProc
         {
             "partial": ["-m", "imgcls.classify", f"ckpt={ckpt}", f"images=[{mixed_folder}]", "batch_size=3", "--json"],
             "single_bad": ["-m", "imgcls.classify", f"ckpt={ckpt}", f"images={mixed_folder / 'sub0' / 'notes.jpg'}"],
+            # CKPT IMAGE... as NVIDIA's classify.py and timm's inference.py take them (was a LexerNoViableAltException)
+            "positional": ["-m", "imgcls.classify", str(ckpt), *map(str, _two_images(mixed_folder)), "--json"],
         }
     )
+
+
+def _two_images(folder: Path) -> list[Path]:
+    return [folder / "sub1" / "img1.jpg", folder / "sub0" / "img0.jpg"]
+
+
+@pytest.mark.slow
+def test_cli_takes_the_checkpoint_and_images_without_keys(cli: dict, mixed_folder: Path) -> None:
+    result = cli["positional"]
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    assert [r["path"] for r in document] == list(map(str, _two_images(mixed_folder)))
+    assert all(r["top"] for r in document)
+
+
+def test_positional_paths_go_to_ckpt_then_images() -> None:
+    from imgcls.cli import with_positional_paths
+
+    cfg = compose_config([], config_name="classify")
+    with_positional_paths(cfg, ["m.ckpt", "a.jpg", "b.jpg"])
+    assert (cfg.ckpt, list(cfg.images)) == ("m.ckpt", ["a.jpg", "b.jpg"])
+    cfg = compose_config(["ckpt=m.onnx", "images=[a.jpg]"], config_name="classify")
+    with_positional_paths(cfg, ["b.jpg", "dir"])  # ckpt= named it: every path is an image, after images=
+    assert (cfg.ckpt, list(cfg.images)) == ("m.onnx", ["a.jpg", "b.jpg", "dir"])
 
 
 @pytest.mark.slow

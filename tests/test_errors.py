@@ -11,7 +11,15 @@ import pytest
 
 from imgcls.cli import guarded
 from imgcls.train import run
-from tests.conftest import ROOT, assert_one_line_error, compose_config, make_image_folder, run_cli, tiny_overrides
+from tests.conftest import (
+    ROOT,
+    assert_one_line_error,
+    compose_config,
+    make_image_folder,
+    run_cli,
+    run_clis,
+    tiny_overrides,
+)
 
 
 class InProcess:
@@ -63,6 +71,42 @@ def test_a_bad_value_ends_before_torch_is_imported(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_unknown_choice_inside_a_sweep() -> None:
     assert_one_line_error(run_cli("train.py", "-m", "model=resnet50,resnet5O"), "model=resnet5O")
+
+
+@pytest.fixture(scope="module")
+def command_line_mistakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    """Each command with a mistake on its command line, run at once (tests/test_overrides.py has the other
+    mistakes, in process). Each was Hydra's multi-line message and exit code 1, or (`+modle=`) a run."""
+    run_dir = f"hydra.run.dir={tmp_path_factory.mktemp('mistakes')}"
+    return run_clis(
+        {
+            "modle=resnet50": [str(ROOT / "train.py"), "modle=resnet50", "mode=plan", run_dir],
+            "+modle=resnet50": [str(ROOT / "train.py"), "+modle=resnet50", "mode=plan", run_dir],
+            "trainer.precision=16": [str(ROOT / "train.py"), "trainer.precision=16", "mode=plan", run_dir],
+            "model=[a": [str(ROOT / "evaluate.py"), "model=[a", run_dir],
+            "data.rot": [str(ROOT / "evaluate.py"), "ckpt=x.ckpt", "data.rot=/data", run_dir],
+            "classify precision": ["-m", "imgcls.classify", "x.ckpt", "a.jpg", "precision=amp"],
+        }
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case,line",
+    [
+        ("modle=resnet50", "modle=resnet50: modle is not a config key; did you mean model=resnet50?"),
+        ("+modle=resnet50", "+modle=resnet50: modle is not a config key; did you mean model=resnet50?"),
+        ("trainer.precision=16", "trainer.precision is set by imgcls; use precision=amp|bf16|tf32|fp32"),
+        ("model=[a", "cannot parse the override model=[a (no viable alternative at input '[a')"),
+        ("data.rot", "data.rot=/data: data.rot is not a key of data; did you mean data.root=/data?"),
+        ("classify precision", "precision=amp: classify has no config group precision (its groups: model)"),
+    ],
+)
+def test_a_command_line_mistake_is_one_line(command_line_mistakes: dict, case: str, line: str) -> None:
+    result = command_line_mistakes[case]
+    assert_one_line_error(result, line)
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # and nothing else on stderr
+    assert result.stdout == ""  # nothing ran (mode=plan prints its plan)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""The names a config value chooses from where the code behind them needs torch or timm (conv inits, optimizers,
-LR schedules). Kept here, free of those imports, so that config_checks.py (and with it a command that only
-reports a bad value) does not import torch, timm and Lightning first (~6 s of CPU per command)."""
+"""The names a config value chooses from where the code behind them needs torch, timm or Lightning (conv inits,
+optimizers, LR schedules, the Trainer arguments imgcls sets). Kept here, free of those imports, so that
+config_checks.py and imgcls.overrides (and with them a command that only reports a bad value) do not import torch,
+timm and Lightning first (~6 s of CPU per command)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,11 @@ WEIGHT_DECAY_SETS = ("conv_and_linear_weights", "all_but_norm", "all_but_norm_an
 AUTOAUGMENT_POLICIES = ("v0", "v0r", "original", "originalr")
 # timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.
 MIXUP_MODES = ("batch", "pair", "elem")
+# lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest): what
+# to set instead. trainer.py refuses them in the config; imgcls.overrides on the command line, before torch loads.
+IMGCLS_TRAINER_ARGS = {
+    "precision": "precision=amp|bf16|tf32|fp32", "accumulate_grad_batches": "recipe.global_batch_size",
+    "callbacks": "callbacks.*", "logger": "logger=...", "plugins": "precision/hardware", "deterministic":
+    "deterministic=true", "enable_checkpointing": "callbacks.checkpoint", "use_distributed_sampler": None,
+    "default_root_dir": "hydra.run.dir",
+}  # fmt: skip

@@ -17,10 +17,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from imgcls.config import options
+from imgcls import overrides
 from imgcls.config_checks import EVALUATE, TRAIN, Check, check_config
 from imgcls.errors import ConfigError, UserError
 from imgcls.hardware import resolve_auto_hardware
@@ -31,39 +31,25 @@ from imgcls.rundir import launch_overrides, task_name
 # choice, a bad value, a missing ckpt=) exits in about a second instead of importing them first (~6 s of CPU).
 # The modules that do the work are imported by name once the config has passed its checks (`_function`).
 
-GROUPS = (
-    "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment",
-    "hparams_search", "debug",
-)  # fmt: skip
 log = logging.getLogger("imgcls")
 
 
-def check_group_choices(argv: list[str]) -> None:
-    """Unknown config-group choices end with one line naming the allowed values (before Hydra's
-    multi-line message with a search path)."""
-    overrides = [a for a in argv if not a.startswith("-") and "=" in a]
+def check_command_line(config_name: str, table: dict[str, Check] | None = None) -> None:
+    """sys.argv's overrides checked before Hydra runs (imgcls.overrides): a mistake is one line, exit code 2."""
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors clearly
-        return
-    for override in parsed:
-        group = override.key_or_group
-        if group not in GROUPS or override.is_delete():
-            continue
-        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-        allowed = options(group)
-        for value in values:
-            if value is not None and str(value) not in allowed and str(value) != "null":
-                fail(f"{group}={value} {_why_unknown(group, str(value), allowed)}; allowed: {', '.join(allowed)}")
+        overrides.check_command_line(config_name, sys.argv[1:], table)
+    except UserError as exc:
+        fail(str(exc), exc.exit_code)
 
 
-def _why_unknown(group: str, value: str, allowed: list[str]) -> str:
-    """NVIDIA's --arch names are spelled with '-'; one of them names no network at all."""
-    if group == "model" and value.replace("-", "_") == "resnext101_32x8d_basic":
-        return "is only in the --arch list of NVIDIA's stale README usage block: no NVIDIA code ever defined it"
-    if group == "model" and value.replace("-", "_") in allowed:
-        return f"is NVIDIA's --arch spelling; imgcls's is model={value.replace('-', '_')}"
-    return f"is not a known {group}"
+def check_group_choices(argv: list[str]) -> None:
+    """Unknown config-group choices end with one line naming the allowed values (and the nearest one)."""
+    try:
+        command_line = overrides.override_args(argv)
+        if command_line is not None:
+            overrides.check_group_choices(overrides.parse(arg, "train") for arg in command_line[0])
+    except UserError as exc:
+        fail(str(exc), exc.exit_code)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -195,9 +181,15 @@ def _evaluate(cfg: DictConfig) -> Any:
     return guarded(run_evaluate, cfg)
 
 
+# classify's paths given without a key (`python -m imgcls.classify CKPT IMAGE...`, as NVIDIA's classify.py and
+# timm's inference.py take them): kept out of Hydra's grammar, where a path is no override, and set in the config.
+CLASSIFY_PATHS: list[str] = []
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="classify")
 def _classify(cfg: DictConfig) -> Any:
     route_library_logs()
+    with_positional_paths(cfg, CLASSIFY_PATHS)
     result = guarded(_function("imgcls.classify:run"), cfg)
     if result and result.get("failed"):
         sys.exit(1)  # some images could not be read; they were reported by name, the others classified
@@ -211,7 +203,7 @@ def _export(cfg: DictConfig) -> Any:
 
 
 def train_main() -> None:
-    check_group_choices(sys.argv[1:])
+    check_command_line("train", TRAIN)
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     try:  # torchrun/srun: one run dir for all ranks, Hydra's files from rank 0 only (rundir.py)
         sys.argv += launch_overrides(sys.argv[1:], task_name(sys.argv[1:], "train"))
@@ -224,17 +216,33 @@ def train_main() -> None:
 
 
 def evaluate_main() -> None:
-    check_group_choices(sys.argv[1:])
+    check_command_line("evaluate", EVALUATE)
     _evaluate()
 
 
 def classify_main() -> None:
     # `--json` as well as Hydra's json=true: the flag scripts expect.
     sys.argv = [a if a != "--json" else "json=true" for a in sys.argv]
-    check_group_choices(sys.argv[1:])
+    command_line = overrides.override_args(sys.argv[1:])
+    positional = [a for a in command_line[0] if overrides.is_positional(a)] if command_line else []
+    CLASSIFY_PATHS[:] = positional
+    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a not in positional)]
+    check_command_line("classify")
     _classify()
 
 
+def with_positional_paths(cfg: DictConfig, paths: list[str]) -> None:
+    """CKPT IMAGE...: the first path is the checkpoint unless ckpt= names it; the others are images, after any of
+    images=[...]."""
+    paths = list(paths)
+    if paths and cfg.get("ckpt") in (None, ""):
+        cfg.ckpt = paths.pop(0)
+    if paths:
+        given = cfg.get("images")
+        given = [] if given in (None, "") else list(given) if isinstance(given, ListConfig) else [given]
+        cfg.images = [*map(str, given), *paths]
+
+
 def export_main() -> None:
-    check_group_choices(sys.argv[1:])
+    check_command_line("export")
     _export()

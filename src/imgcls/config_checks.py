@@ -4,8 +4,10 @@ Choice: a checked table rather than Hydra structured configs. Structured configs
 per group option (15 models, 6 hardware profiles with free-form batch tables, 4 recipes, ...) and
 still no ranges (OmegaConf checks types only). The table names every key of the shipped configs with
 its type and range; tests/test_config_checks.py composes every group option and fails when a key is
-missing from it, so a new key cannot slip past unchecked. Keys a user adds themselves (`+trainer.x=...`,
-passed on to Lightning) are left to their consumer.
+missing from it, so a new key cannot slip past unchecked. The table is also what a `+KEY=...` on the command line
+may add (imgcls.overrides refuses any other key, with a did-you-mean): a key of another group option
+(+model.se_width=16, refused with its reason where the network has no SE), one inside a `*` pattern (expected,
+hardware.batch) or one of OPEN's namespaces (data.storage_options: fsspec's options).
 
 A bad value ends the run before anything is built, in one line naming the key, the value and what is
 allowed (ConfigError, exit 2). Strings whose allowed values depend on the installed libraries (model
@@ -349,6 +351,11 @@ TRAIN: dict[str, Check] = {
     "trainer.reload_dataloaders_every_n_epochs": COUNT,
     "trainer.enable_autolog_hparams": boolean,
     "trainer.model_registry": anything,
+}
+
+# Mappings no shipped config fills that a user fills with `+KEY=...` (imgcls.overrides lets these through too).
+OPEN: dict[str, Check] = {
+    "data.storage_options.*": anything,  # fsspec's options for remote shards (docs/shards.md), checked by fsspec
 }
 
 # `python evaluate.py`: its own keys; model and precision (optional groups) as for training.

@@ -12,19 +12,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.preemption import without_lightning_signal_handling
 from imgcls.checkpoint import AtomicCheckpointIO
+from imgcls.choices import IMGCLS_TRAINER_ARGS
 from imgcls.errors import ConfigError
 from imgcls.plan import RunPlan
 from imgcls.precision import resolve_precision
 from imgcls.sync_batchnorm import TimmSyncBatchNorm
-
-# lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest).
-IMGCLS_TRAINER_ARGS = {
-    "precision": "precision=amp|bf16|tf32|fp32", "accumulate_grad_batches": "recipe.global_batch_size",
-    "callbacks": "callbacks.*", "logger": "logger=...", "plugins": "precision/hardware", "deterministic":
-    "deterministic=true", "enable_checkpointing": "callbacks.checkpoint", "use_distributed_sampler": None,
-    "default_root_dir": "hydra.run.dir",
-}  # fmt: skip
-
 
 def check_trainer_args(trainer_args: dict[str, Any]) -> None:
     """One line for a trainer.X that lightning.Trainer does not take, or that imgcls sets itself."""

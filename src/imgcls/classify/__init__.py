@@ -1,4 +1,5 @@
-"""`python -m imgcls.classify ckpt=PATH images=[a.jpg,some/dir] [--json]`: top-5 classes per image.
+"""`python -m imgcls.classify CKPT IMAGE... [--json]` (or `ckpt=PATH images=[a.jpg,some/dir]`): top-5 classes per
+image.
 
 ckpt is a training checkpoint, a weights export, an ONNX export fp32 or INT8 (`backend=onnx`, or any `.onnx`
 file: models/onnx_model.py), or a plain state_dict (timm's, torchvision's, NVIDIA's NGC files) given
@@ -81,7 +82,7 @@ def _onnx_predictor(path: str) -> Predictor:
 def image_paths(images: Any) -> list[Path]:
     """Files as given; folders expanded (recursively, sorted) to the image files inside them."""
     if images is None or images == "":
-        raise ConfigError("images=[FILE_OR_DIR,...] is required")
+        raise ConfigError("images=[FILE_OR_DIR,...] is required (or the images after the checkpoint: CKPT IMAGE...)")
     items = list(images) if isinstance(images, (list, tuple, ListConfig)) else [images]
     paths: list[Path] = []
     for item in items:

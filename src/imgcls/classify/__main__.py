@@ -1,4 +1,4 @@
-"""`python -m imgcls.classify ckpt=PATH images=[...]` (the command itself is in imgcls.cli)."""
+"""`python -m imgcls.classify CKPT IMAGE...` or `ckpt=PATH images=[...]` (the command itself is in imgcls.cli)."""
 
 from imgcls.cli import classify_main
 

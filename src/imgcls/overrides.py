@@ -1,0 +1,291 @@
+"""The command line's overrides checked before Hydra runs a command: each mistake is one ConfigError line with a
+did-you-mean (difflib over the keys and group choices that exist), instead of Hydra's multi-line message and
+exit code 1.
+
+Hydra stays the judge of what composes: the overrides are parsed with Hydra's own parser and composed with
+Hydra's compose API, and its exceptions are translated. What Hydra lets through and imgcls does not:
+`+KEY=...` for a key that is neither in the composed config nor in the command's check table
+(config_checks.py: its `*` patterns are the namespaces that are open, e.g. data.storage_options for fsspec),
+and the lightning.Trainer arguments imgcls sets itself from other keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from fnmatch import fnmatch
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, Override
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from imgcls.choices import IMGCLS_TRAINER_ARGS
+from imgcls.config import CONF_DIR, options
+from imgcls.config_checks import OPEN, Check
+from imgcls.errors import ConfigError
+
+# The config groups whose choices are checked before composing (train.yaml's defaults list).
+GROUPS = (
+    "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment",
+    "hparams_search", "debug",
+)  # fmt: skip
+# Keys a user sets that imgcls computes from others: the key to set instead (None: nothing to set).
+SET_BY_IMGCLS: dict[str, str | None] = {f"trainer.{key}": instead for key, instead in IMGCLS_TRAINER_ARGS.items()}
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
+
+
+def override_args(argv: list[str]) -> tuple[list[str], bool] | None:
+    """The overrides of a Hydra command line (Hydra's own argument parser) and whether it is a multirun (-m);
+    None where Hydra prints something instead of running (--help, --info, ...) or composes another config
+    (--config-name/-path/-dir): Hydra's affair."""
+    args = get_args_parser().parse_args(argv)
+    own = (args.help, args.hydra_help, args.info, args.shell_completion, args.experimental_rerun)
+    if any(own) or args.config_name or args.config_path or args.config_dir:
+        return None
+    return list(args.overrides), bool(args.multirun)
+
+
+def is_positional(arg: str) -> bool:
+    """A path rather than KEY=VALUE: no '=' in it, or a file or folder of that name."""
+    return "=" not in arg or os.path.exists(arg)
+
+
+def check_command_line(config_name: str, argv: list[str], table: dict[str, Check] | None = None) -> None:
+    """Raise ConfigError for the first mistake in argv's overrides of conf/CONFIG_NAME.yaml: one that Hydra
+    cannot parse, an unknown group choice, a key imgcls sets itself, a key that does not exist (with or without
+    `+`; known: in the composed config or matched by `table`), or anything else Hydra refuses to compose."""
+    command_line = override_args(argv)
+    if command_line is None:
+        return
+    args, multirun = command_line
+    parsed = [parse(arg, config_name) for arg in args]
+    for override in parsed if table is not None else ():  # the commands with a Trainer (train, evaluate)
+        key = override.key_or_group
+        if key in SET_BY_IMGCLS and not override.is_delete():
+            instead = SET_BY_IMGCLS[key]
+            raise ConfigError(f"{key} is set by imgcls" + (f"; use {instead}" if instead else ""))
+    check_group_choices(parsed)
+    if any(_is_group(o) and o.is_add() and not _is_hydra(o) for o in parsed):  # Hydra would add any group
+        _check_groups(config_name, parsed)
+    additions = [o for o in parsed if (o.is_add() or o.is_force_add()) and not _is_group(o) and not _is_hydra(o)]
+    try:
+        cfg = _compose(config_name, _jobs((o for o in parsed if o not in additions), multirun))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_composition_error(config_name, parsed, exc, table, multirun)) from None
+    for override in additions:
+        exists = _find(cfg, override.key_or_group)
+        if override.is_add() and exists:
+            raise ConfigError(
+                f"{override.input_line}: {override.key_or_group} is already a key; set it without the +: "
+                f"{override.input_line.lstrip('+')}"
+            )
+        if not exists and not known(override.key_or_group, table):
+            raise ConfigError(_unknown_key(cfg, override, table))
+
+
+def parse(arg: str, config_name: str) -> Override:
+    """One override, by Hydra's parser; a malformed one is one line saying why, with what was likely meant."""
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except HydraException as exc:
+        lines = [line.strip() for line in str(exc).splitlines()]
+        reason = next((line for line in lines if line and not line.startswith(("Error parsing", "See "))), "")
+        reason = reason.split(" expecting ")[0].removeprefix("LexerNoViableAltException: ")
+        if "=" not in arg:
+            raise ConfigError(f"{arg} is not an override KEY=VALUE{_meant(arg, config_name)}") from None
+        raise ConfigError(
+            f"cannot parse the override {arg} ({reason}); quote a value with spaces or special characters "
+            f"(key='a value'), see {GRAMMAR}"
+        ) from None
+    if not override.key_or_group:
+        raise ConfigError(f"{arg} is not an override KEY=VALUE: it names no key")
+    return override
+
+
+def _meant(word: str, config_name: str) -> str:
+    """A bare word: the group choice or the checkpoint it likely is."""
+    for group in GROUPS:
+        if word in options(group):
+            return f"; did you mean {group}={word}?"
+    if os.path.exists(word):
+        return f"; did you mean {'ckpt_path' if config_name == 'train' else 'ckpt'}={word}?"
+    close = [(group, match) for group in GROUPS for match in difflib.get_close_matches(word, options(group), n=1)]
+    return f"; did you mean {close[0][0]}={close[0][1]}?" if close else ""
+
+
+def check_group_choices(parsed: Iterable[Override]) -> None:
+    """Unknown config-group choices end with one line naming the allowed values (before Hydra's multi-line
+    message with a search path)."""
+    for override in parsed:
+        group = override.key_or_group
+        if group not in GROUPS or override.is_delete() or not (CONF_DIR / group).is_dir():
+            continue
+        allowed = options(group)
+        value = override.value()
+        if isinstance(value, Glob):
+            values = [] if value.filter(allowed) else [override.input_line.split("=", 1)[1]]
+        elif override.is_sweep_override():
+            values = list(override.sweep_string_iterator())
+        else:
+            values = [value]
+        for value in values:
+            if value is not None and str(value) not in allowed and str(value) != "null":
+                raise ConfigError(_unknown_choice(group, str(value), allowed))
+
+
+def _unknown_choice(group: str, value: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(value, allowed, n=1)
+    if group == "model" and value.replace("-", "_") == "resnext101_32x8d_basic":
+        why = "is only in the --arch list of NVIDIA's stale README usage block: no NVIDIA code ever defined it"
+    elif group == "model" and value.replace("-", "_") in allowed:  # NVIDIA's --arch names are spelled with '-'
+        why = f"is NVIDIA's --arch spelling; imgcls's is model={value.replace('-', '_')}"
+    else:
+        why = f"is not a known {group}" + (f"; did you mean {group}={close[0]}?" if close else ";")
+    return f"{group}={value} {why} allowed: {', '.join(allowed)}"
+
+
+def known(key: str, table: dict[str, Check] | None) -> bool:
+    """A key of the check table, or inside one of its open namespaces (`*`, config_checks.OPEN), or a mapping
+    above such keys."""
+    for pattern in {**table, **OPEN} if table is not None else {}:
+        parts = pattern.split(".")
+        if any(fnmatch(key, ".".join(parts[:n])) for n in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+def _is_group(override: Override) -> bool:
+    key = override.key_or_group
+    return "/" in key or "." not in key and (CONF_DIR / key).is_dir()
+
+
+def _is_hydra(override: Override) -> bool:
+    return _is_hydra_group(override.key_or_group.split(".")[0])
+
+
+def _is_hydra_group(name: str) -> bool:
+    return name.split("/")[0] == "hydra"
+
+
+def _one_job(override: Override, multirun: bool) -> str | None:
+    """The override as Hydra's compose() takes it: a sweep of a multirun (-m) by its first value."""
+    if not multirun or not override.is_sweep_override():
+        return override.input_line
+    value = override.value()
+    if isinstance(value, Glob):  # a glob of group choices: the first it matches (check_group_choices: one does)
+        matches = value.filter(options(override.key_or_group)) if _is_group(override) else []
+        return f"{override.get_key_element()}={matches[0]}" if matches else None
+    try:
+        first = next(iter(override.sweep_string_iterator()))
+    except HydraException:  # interval(): the sweeper draws the values; whether the key exists is Hydra's to say
+        return None
+    return f"{override.get_key_element()}={first}"
+
+
+def _jobs(overrides: Iterable[Override], multirun: bool) -> list[str]:
+    return [job for job in (_one_job(o, multirun) for o in overrides) if job is not None]
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+
+
+def _find(cfg: DictConfig, key: str) -> bool:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or node._is_none() or part not in node.keys():
+            return False
+        node = node._get_node(part)
+    return True
+
+
+def _composition_error(
+    config_name: str, parsed: list[Override], exc: Exception, table: dict[str, Check] | None, multirun: bool
+) -> str:
+    """One line for Hydra's refusal: the key override it failed on (checked against the config its group
+    choices compose), an unknown choice of a group of Hydra's own, or Hydra's message on one line."""
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
+        group, _, value = exc.missing_cfg_file.rpartition("/")
+        return _unknown_choice(group, value, sorted(exc.options))
+    groups = [o for o in parsed if _is_group(o)]
+    try:
+        base = _compose(config_name, _jobs(groups, multirun))
+    except (HydraException, OmegaConfBaseException):
+        base = None
+    if base is not None:
+        for override in parsed:
+            if _is_group(override) or override.is_add() or override.is_force_add():
+                continue
+            if not _find(base, override.key_or_group):
+                if known(override.key_or_group, table) and not override.is_delete():
+                    return (
+                        f"{override.input_line}: {override.key_or_group} is not in this config; add it with "
+                        f"+{override.input_line}"
+                    )
+                return _unknown_key(base, override, table)
+    else:
+        _check_groups(config_name, parsed)
+    lines = [line.strip().rstrip(".") for line in str(exc).split("Config search path")[0].splitlines()]
+    return "; ".join(line for line in lines if line)
+
+
+def _check_groups(config_name: str, parsed: list[Override]) -> None:
+    """A group override of a group the command's defaults list does not have (precision= of classify), or a
+    `+GROUP=` of one it has."""
+    own = _compose(config_name, []).hydra.runtime.choices
+    for override in parsed:
+        group = override.key_or_group
+        if not _is_group(override) or _is_hydra(override) or override.is_force_add():
+            continue
+        if group not in own:
+            mine = ", ".join(sorted(g for g in own if not _is_hydra_group(g))) or "none"
+            raise ConfigError(f"{override.input_line}: {config_name} has no config group {group} (its groups: {mine})")
+        if override.is_add():
+            raise ConfigError(
+                f"{override.input_line}: {group} is already a config group of {config_name}; choose it without the "
+                f"+: {override.input_line.lstrip('+')}"
+            )
+
+
+def _unknown_key(cfg: DictConfig, override: Override, table: dict[str, Check] | None) -> str:
+    """`KEY is not a config key`, with the nearest key at the level where KEY leaves the config (a config
+    group preferred at the top where the value is one of its choices: modle=resnet50 -> model=resnet50)."""
+    key = override.key_or_group
+    parts = key.split(".")
+    node: Any = cfg
+    for depth, part in enumerate(parts):
+        if isinstance(node, DictConfig) and not node._is_none() and part in node.keys():
+            node = node._get_node(part)
+            continue
+        parent = ".".join(parts[:depth])
+        deeper = depth < len(parts) - 1  # then only a mapping (or a group) is meant
+        level = set()
+        if isinstance(node, DictConfig) and not node._is_none():
+            level = {k for k in node.keys() if not deeper or isinstance(node._get_node(k), DictConfig)}
+        inside = f"{parent}." if parent else ""
+        dots = depth + 1 if deeper else depth
+        level |= {p.split(".")[depth] for p in table or {} if p.startswith(inside) and p.count(".") >= dots}
+        level = {name for name in level if "*" not in name and name != "hydra"}
+        value = override.input_line.split("=", 1)[1] if "=" in override.input_line else None
+        close = difflib.get_close_matches(part, sorted(level | (set(GROUPS) if depth == 0 else set())), n=3)
+        choice = next((g for g in close if depth == 0 and g in GROUPS and value in options(g)), None)
+        if choice is not None:
+            close = [choice]
+        where = f"a key of {parent}" if parent else "a config key"
+        if not close:
+            names = ", ".join(sorted(level))
+            return f"{override.input_line}: {key} is not {where}; " + (
+                f"the keys of {parent or 'the config'}: {names}" if names else f"{parent} takes no keys"
+            )
+        meant = ".".join([*parts[:depth], close[0], *parts[depth + 1 :]])
+        prefix = "~" if override.is_delete() else ""
+        suggestion = prefix + meant + (f"={value}" if value is not None else "")
+        return f"{override.input_line}: {key} is not {where}; did you mean {suggestion}?"
+    return f"{override.input_line}: {key} is not a config key"
