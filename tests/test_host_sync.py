@@ -109,6 +109,8 @@ def test_default_training_loop_syncs_at_most_once_per_k_steps(
 ) -> None:
     counter = SyncCounter()
     count_syncs(monkeypatch, counter)
+    # A bar draws only on a terminal (callbacks/console.py), which pytest's captured output is not.
+    monkeypatch.setattr("imgcls.callbacks.console.on_a_terminal", lambda kind: True)
     # 6 batches an epoch, 4 epochs: 24 optimizer steps
     overrides = tiny_overrides(
         image_folder, "recipe.epochs=4", f"callbacks.progress_bar={bar}", f"trainer.enable_progress_bar={bar != 'none'}"

@@ -25,6 +25,26 @@ def test_plan_of_an_8_gpu_experiment_prints_on_a_cpu_machine(tmp_path: Path) -> 
     assert not (tmp_path / "checkpoints").exists()  # nothing of a training run is made
 
 
+@pytest.mark.slow
+def test_plan_prints_values_as_written_and_leaves_no_run_dir(tmp_path: Path) -> None:
+    """A plan only reads the config: nothing is left in the current dir (Hydra made outputs/TASK/TIME with .hydra/
+    and a log file), and values read as in a config: null, YAML's {k: v} (not None, {'top1': 77.12})."""
+    from tests import warm_python
+    from tests.conftest import ROOT
+
+    for experiment in ("resnet50_dgxa100_amp_90e", "efficientnet_b0_dgxa100_amp_400e"):
+        result = warm_python.run([ROOT / "train.py", "mode=plan", f"experiment={experiment}"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert list(tmp_path.iterdir()) == []
+        assert "None" not in result.stdout and "'" not in result.stdout and "True" not in result.stdout
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    assert lines["expected"].startswith("{top1: ") and "published_on: {model: efficientnet_b0, " in lines["expected"]
+    result = warm_python.run([ROOT / "train.py", "mode=plan", "hardware=cpu"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert dict(line.split(None, 1) for line in result.stdout.splitlines())["expected"] == "null"
+    assert list(tmp_path.iterdir()) == []
+
+
 # demo: its digits are written at its first run, so its plan has no step counts before that.
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", [e for e in options("experiment") if e != "demo"])

@@ -72,3 +72,89 @@ def test_the_printed_commands_evaluate_and_resume_the_run(finished: tuple[Path, 
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Restoring states from the checkpoint path at" in result.stdout + result.stderr
     assert len(read_report(run_dir)["epochs"]) == 2  # the finished run is resumed, not started again
+
+
+def demo_overrides(run_dir: Path, *extra: str) -> list[str]:
+    """`make train` (experiment=demo) scaled down to seconds: 3 batches of 64 digits an epoch, 2 epochs, timm's
+    test_resnet; its progress bar (rich) and model summary as a user gets them."""
+    return [
+        "experiment=demo", "recipe.epochs=2", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+        "model.arch=test_resnet", "data.num_workers=0", f"hydra.run.dir={run_dir}", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {"IMGCLS_CACHE": str(tmp_path_factory.mktemp("cache"))}  # the demo's digits, written by its first run
+
+
+def on_a_terminal(*argv: str, env: dict[str, str]) -> str:
+    """What `python ARGV` shows on a terminal (a pseudo-terminal of 120 x 40), with the redraws as new lines."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    environment = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")}
+    environment.update(env, TERM="xterm", WANDB_MODE="offline")
+    with subprocess.Popen(
+        [sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal, env=environment
+    ) as proc:
+        os.close(terminal)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: every end of the terminal is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=600) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    os.close(controller)
+    text = b"".join(chunks).decode(errors="replace").replace("\r", "\n")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # without the terminal's control sequences
+
+
+@pytest.mark.slow
+def test_a_log_without_a_terminal_has_the_epoch_lines_and_no_noise(demo_cache: dict[str, str], tmp_path: Path) -> None:
+    """A SLURM log or a pipe: no progress bar (rich left each epoch's last frame with `v_num: csv` and a stray
+    `val.top1: ...` line), no third-party warning (torch's LeafSpec deprecation in Lightning, Lightning's
+    log_every_n_steps advice), a model summary in the log file without `Total FLOPs: 0`."""
+    result = run_cli("train.py", *demo_overrides(tmp_path / "run"), env=demo_cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert [line.split(" - ", 1)[1][:9] for line in output.splitlines() if "] - epoch " in line] == [
+        "epoch 1/2",
+        "epoch 2/2",
+    ]
+    assert "Epoch " not in output and "v_num" not in output
+    assert not re.search(r"^\s*val\.top1: ", output, re.MULTILINE)
+    assert not re.search(r"\.py:\d+: ", output), output  # a warning's `FILE:LINE: message`
+    assert "Skipping setting a default" not in output  # Lightning on our summary callback
+    log_file = (tmp_path / "run" / "demo.log").read_text()
+    assert "Total params" in log_file and "Trainable params" in log_file
+    assert "FLOPs" not in output + log_file and "Flops" not in output + log_file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bar", ["rich", "tqdm"])
+def test_the_progress_bar_counts_epochs_as_the_epoch_lines(
+    bar: str, demo_cache: dict[str, str], tmp_path: Path
+) -> None:
+    """On a terminal: `Epoch 1/2` then `Epoch 2/2` on the bar, next to `epoch 1/2` and `epoch 2/2` in the log
+    (Lightning's bar said `Epoch 0/1` and `Epoch 1/1`), and no `v_num`."""
+    from tests.conftest import ROOT
+
+    output = on_a_terminal(
+        str(ROOT / "train.py"), *demo_overrides(tmp_path / "run", f"callbacks.progress_bar={bar}"), env=demo_cache
+    )
+    bar_lines = {line.split("━")[0].split(":")[0].strip() for line in output.splitlines() if line.startswith("Epoch")}
+    assert bar_lines == {"Epoch 1/2", "Epoch 2/2"}, output[-3000:]
+    assert "epoch 1/2  train.loss" in output and "epoch 2/2  train.loss" in output
+    assert "v_num" not in output

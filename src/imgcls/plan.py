@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config_checks import check_config
@@ -244,10 +245,20 @@ def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
     )
 
 
+def as_written(value: Any) -> str:
+    """A value as a user writes it in a config or an override: null, true, 2.048, {top1: 77.12, hours: 3}
+    (YAML's flow style on one line), a string bare; not Python's None, True or {'top1': 77.12}."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (dict, list, tuple)):
+        return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=float("inf")).strip()
+    return str(value)
+
+
 def show(cfg: DictConfig) -> dict[str, Any]:
-    """Print the plan, one `key: value` line each, and return it."""
+    """Print the plan, one `key  value` line each, and return it."""
     summary = describe(cfg)
     width = max(map(len, summary))
     for key, value in summary.items():
-        print(f"{key:<{width}}  {value}")
+        print(f"{key:<{width}}  {as_written(value)}")
     return summary

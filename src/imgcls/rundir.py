@@ -16,7 +16,7 @@ from pathlib import Path
 
 from imgcls.errors import ConfigError
 
-# Keeps ranks > 0 from writing .hydra/ and the log file (console logging stays).
+# Keeps ranks > 0 (and mode=plan) from writing .hydra/ and the log file (console logging stays).
 QUIET_RANK_OVERRIDES = (
     "hydra.output_subdir=null",
     "hydra.job_logging.root.handlers=[console]",
@@ -61,16 +61,28 @@ def launch_id(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def launch_overrides(argv: Sequence[str], task: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """Hydra overrides to append to argv: the shared run dir, and quiet Hydra on ranks other than 0."""
+    """Hydra overrides to append to argv: the shared run dir, and quiet Hydra on ranks other than 0; mode=plan
+    without a hydra.run.dir=: no run dir at all."""
     if any(a in ("-m", "--multirun") for a in argv):
         return []  # a sweep's jobs get their dirs from hydra.sweep.dir, composed once by the launcher
+    run_dir_given = any(a.startswith("hydra.run.dir=") for a in argv)
+    if mode_of(argv) == "plan" and not run_dir_given:
+        # A plan reads the config and prints; Hydra would still make outputs/TASK/TIME with .hydra/ and a log
+        # file in it. The current dir (which exists) as the run dir, and no Hydra files: nothing is written.
+        return ["hydra.run.dir=.", *(o for o in QUIET_RANK_OVERRIDES if o not in argv)]
     extra: list[str] = []
-    run_id = None if any(a.startswith("hydra.run.dir=") for a in argv) else launch_id(env)
+    run_id = None if run_dir_given else launch_id(env)
     if run_id is not None:
         extra.append(f"hydra.run.dir=outputs/{task}/{run_id}")
     if not is_rank_zero(env):  # Lightning's children already carry hydra.output_subdir=null
         extra.extend(o for o in QUIET_RANK_OVERRIDES if o not in argv)
     return extra
+
+
+def mode_of(argv: Sequence[str]) -> str | None:
+    """The mode= of a command line (the last one wins, as in Hydra), or None when it sets none."""
+    modes = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("mode=")]
+    return modes[-1] if modes else None
 
 
 def task_name(argv: Sequence[str], default: str) -> str:

@@ -7,6 +7,7 @@ import inspect
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,6 +18,7 @@ from imgcls.errors import ConfigError
 from imgcls.plan import RunPlan
 from imgcls.precision import resolve_precision
 from imgcls.sync_batchnorm import TimmSyncBatchNorm
+
 
 def check_trainer_args(trainer_args: dict[str, Any]) -> None:
     """One line for a trainer.X that lightning.Trainer does not take, or that imgcls sets itself."""
@@ -44,6 +46,13 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         # cuDNN autotuning on, as NVIDIA's runs set it (PyTorch main.py: cudnn.benchmark = True), except for a
         # deterministic run: autotuning may pick a different algorithm per process. Lightning leaves it off.
         trainer_args["benchmark"] = not cfg.deterministic
+    # The bar and the model summary are the callbacks' (callbacks/console.py: a bar draws only on a terminal).
+    # Without one Lightning would add a tqdm bar; with a summary callback it says that it skips its own summary.
+    # trainer.enable_progress_bar=false: no bar, whatever callbacks.progress_bar says.
+    if not trainer_args.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    trainer_args["enable_progress_bar"] = any(isinstance(c, ProgressBar) for c in callbacks)
+    trainer_args["enable_model_summary"] = False
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see storage.py)
     if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
         plugins.append(TimmSyncBatchNorm())

@@ -9,13 +9,13 @@ real loop.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import DictConfig
 
 from imgcls.callbacks.bad_image_report import BadImageReport
+from imgcls.callbacks.console import MeasuredModelSummary, progress_bar
 from imgcls.callbacks.epoch_log import EpochLog
 from imgcls.callbacks.finite_loss import FiniteLoss
 from imgcls.callbacks.preemption import Preemption, requeue_by
@@ -54,17 +54,12 @@ def training_callbacks(
                 f"callbacks.early_stopping_patience={patience} needs validation (trainer.limit_val_batches=0 skips it)"
             )
         callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=int(patience)))
-    bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.callbacks.get("progress_bar_every_n_steps") or 1))
+    # The console: a bar that draws on a terminal only, numbering epochs as the epoch lines do; the summary without
+    # an unmeasured FLOPs count (callbacks/console.py).
+    every_n_steps = int(cfg.callbacks.get("progress_bar_every_n_steps") or 1)
+    bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.recipe.epochs), every_n_steps)
     if bar is not None:
         callbacks.append(bar)
+    if cfg.trainer.get("enable_model_summary", True) and not cfg.trainer.get("barebones"):  # barebones refuses one
+        callbacks.append(MeasuredModelSummary())
     return callbacks, report
-
-
-def progress_bar(kind: str | None, every_n_steps: int = 1) -> Any:
-    if kind in (None, "none"):
-        return None
-    if kind == "rich":
-        return RichProgressBar(refresh_rate=every_n_steps, leave=True)
-    if kind == "tqdm":
-        return TQDMProgressBar(refresh_rate=every_n_steps)
-    raise ConfigError(f"callbacks.progress_bar={kind} is not allowed; use rich, tqdm or none")
