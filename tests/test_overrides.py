@@ -70,6 +70,16 @@ def test_a_mistake_is_one_line_with_what_was_meant(command: str, argv: list[str]
     assert line in refused(command, *argv)
 
 
+def test_inside_a_running_hydra_app() -> None:
+    """Composes with the app's config dir instead of initializing Hydra a second time (a ValueError)."""
+    from hydra import initialize_config_dir
+
+    from imgcls.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        assert "did you mean model=resnet50?" in refused("train", "modle=resnet50")
+
+
 def test_a_checkpoint_path_without_its_key(tmp_path: Path) -> None:
     ckpt = tmp_path / "last.ckpt"
     ckpt.write_bytes(b"")
@@ -83,7 +93,7 @@ def test_a_checkpoint_path_without_its_key(tmp_path: Path) -> None:
         ("train", []),
         ("train", ["experiment=resnet50_dgxa100_amp_90e", "data.root=/x", "hydra.run.dir=/tmp/x"]),
         # Open namespaces and keys of other group options (refused later with their reason) may be added.
-        ("train", ["+data.storage_options.endpoint_url=http://127.0.0.1:9000"]),
+        ("train", ["+data.storage_options.endpoint_url=http://127.0.0.1:9000", "run_dir=/tmp/x"]),  # test_shards_s3
         ("train", ["model=resnet50", "+model.se_width=16"]),
         ("train", ["+expected.top1=77.0"]),
         ("train", ["++model.arch=resnet18"]),

@@ -19,6 +19,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
 from hydra.errors import HydraException, MissingConfigException
@@ -193,6 +194,8 @@ def _jobs(overrides: Iterable[Override], multirun: bool) -> list[str]:
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    if GlobalHydra.instance().is_initialized():  # called inside a Hydra app: its config dir
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
 
