@@ -4,9 +4,10 @@ exit code 1.
 
 Hydra stays the judge of what composes: the overrides are parsed with Hydra's own parser and composed with
 Hydra's compose API, and its exceptions are translated. What Hydra lets through and imgcls does not:
-`+KEY=...` for a key that is neither in the composed config nor in the command's check table
-(config_checks.py: its `*` patterns are the namespaces that are open, e.g. data.storage_options for fsspec),
-and the lightning.Trainer arguments imgcls sets itself from other keys.
+`+KEY=...` for a key that is neither in the composed config nor in the command's check table (config_checks.py:
+a key of another group option, one inside a `*` pattern, or in OPEN's namespaces such as data.storage_options for
+fsspec), and the lightning.Trainer arguments imgcls sets itself from other keys. The trainer node is closed: it
+holds every lightning.Trainer argument already (tests/test_trainer_args.py), so `+trainer.X` is a typo.
 """
 
 from __future__ import annotations
