@@ -37,8 +37,13 @@ BENCH_ROOT ?= $(CACHE)/imagenet-samples
 CORES      ?= 2
 IMAGE_SIZE ?= 224
 
-$(CACHE)/imagenet-samples:   # the shared 500 ImageNet photos, extracted outside the repository
-	mkdir -p $(CACHE) && tar xzf ../shared/datasets/imagenet-samples-500.tar.gz -C $(CACHE)
+# Without BENCH_ROOT / GPU_DATA, archives of sample photos are extracted into $(CACHE) (SAMPLES_DIR: where a
+# development machine keeps them; any folder of class folders of JPEGs can be named instead).
+SAMPLES_DIR ?= ../shared/datasets
+
+$(CACHE)/imagenet-samples:   # 500 ImageNet photos, extracted outside the repository
+	@test -f $(SAMPLES_DIR)/imagenet-samples-500.tar.gz || { echo "imgcls: error: no BENCH_ROOT given and no $(SAMPLES_DIR)/imagenet-samples-500.tar.gz; pass BENCH_ROOT=a folder of class folders of JPEGs" >&2; exit 2; }
+	mkdir -p $(CACHE) && tar xzf $(SAMPLES_DIR)/imagenet-samples-500.tar.gz -C $(CACHE)
 
 bench-data: $(STAMP) $(BENCH_ROOT)  ## img/s of torchvision vs dali_cpu vs the JPEG decode ceiling
 	$(PY) -m imgcls.bench.data data.root=$(BENCH_ROOT) cores=$(CORES) image_size=$(IMAGE_SIZE) $(ARGS)
@@ -54,8 +59,9 @@ bench-startup: $(STAMP) $(BENCH_ROOT)  ## time to first step and memory per back
 #   make gpu-check GPU_DATA=/data/imagenet ARGS="--steps 40"      (ARGS="--plan": print the commands only)
 GPU_DATA ?= $(CACHE)/cifar10
 
-$(CACHE)/cifar10:   # the shared CIFAR-10 JPEGs (train/ and val/), extracted outside the repository
-	mkdir -p $@ && tar xzf ../shared/datasets/cifar10-jpeg.tar.gz -C $@
+$(CACHE)/cifar10:   # CIFAR-10 as JPEGs (train/ and val/), extracted outside the repository
+	@test -f $(SAMPLES_DIR)/cifar10-jpeg.tar.gz || { echo "imgcls: error: no GPU_DATA given and no $(SAMPLES_DIR)/cifar10-jpeg.tar.gz; pass GPU_DATA=a folder with train/ and val/ class folders" >&2; exit 2; }
+	mkdir -p $@ && tar xzf $(SAMPLES_DIR)/cifar10-jpeg.tar.gz -C $@
 
 gpu-check: $(STAMP) $(GPU_DATA)  ## every GPU path on this machine's GPUs (exit 0 with a note without CUDA)
 	$(PY) -m imgcls.bench.gpu_check --data $(GPU_DATA) $(ARGS)
