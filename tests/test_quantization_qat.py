@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -379,3 +380,172 @@ def test_qat_recipes_keep_main_py_defaults_for_what_nvidias_quant_scripts_do_not
 
     cfg = compose_config([f"recipe={recipe}"]).recipe
     assert (cfg.label_smoothing, cfg.mixup, cfg.augment, cfg.interpolation) == (0.0, 0.0, None, "bilinear")
+
+
+def _efficientnet(seed: int = 0) -> torch.nn.Module:
+    """A 10-class EfficientNet-B0 as imgcls builds it (timm's blocks, NVIDIA's init), random weights."""
+    from imgcls.models import build_network
+
+    torch.manual_seed(seed)
+    return build_network(compose_config(["model=efficientnet_b0"]).model, num_classes=10).eval()
+
+
+def _batches(count: int = 2, size: int = 48) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(4, 3, size, size, generator=generator) for _ in range(count)]
+
+
+def test_nvidia_quantizers_sit_on_the_se_multiply_and_the_residual_input() -> None:
+    """recipe.qat.quantizers=nvidia: NVIDIA's efficientnet-quant blocks quantize both SE multiply operands and the
+    SE's pooling input (IC/models/common.py:236-253, efficientnet.py:416-420) and each identity shortcut before
+    the addition (efficientnet.py:432-436,449-452); modelopt alone quantizes conv/linear/pool inputs only."""
+    from timm.models._efficientnet_blocks import SqueezeExcite
+
+    from imgcls.quantization.placement import extra_quantizer_names
+
+    batches = _batches()
+    plain = qat.quantize(_efficientnet(), batches)
+    net = qat.quantize(_efficientnet(), batches, quantizers="nvidia")
+    ses = [name for name, m in _efficientnet().named_modules() if isinstance(m, SqueezeExcite)]
+    skips = [name for name, m in _efficientnet().named_modules() if getattr(m, "has_skip", False)]
+    assert len(ses) == 16 and len(skips) == 9  # B0: an SE in every block, 9 blocks with an identity shortcut
+    expected = {f"{se}.{q}" for se in ses for q in ("pool_quantizer", "mul_a_quantizer", "mul_b_quantizer")}
+    expected |= {f"{block}.residual_quantizer" for block in skips}
+    assert extra_quantizer_names(net) == expected and not extra_quantizer_names(plain)
+    state = net.state_dict()
+    assert all(state[f"{name}._amax"].numel() == 1 and state[f"{name}._amax"] > 0 for name in expected)
+    assert qat.count_quantizers(net) == qat.count_quantizers(plain) + len(expected)
+    # The quantizers off, the blocks compute timm's forward exactly.
+    images = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(qat.without_quantizers(net)(images), qat.without_quantizers(plain)(images))
+
+
+def test_a_checkpoints_nvidia_quantizers_are_rebuilt_with_their_ranges() -> None:
+    """quantizer_state / restore (what a checkpoint, evaluate.py and the exports use): modelopt's restore refuses
+    quantizers it did not insert, so placement's are left out of its state and added again after it."""
+    from imgcls.quantization.placement import extra_quantizer_names
+
+    net = qat.quantize(_efficientnet(), _batches(), calibrator="percentile", quantizers="nvidia")
+    state = qat.quantizer_state(net)
+    assert state[qat.PLACEMENT_KEY] == "nvidia"
+    fresh = qat.restore(_efficientnet(seed=1), state)
+    fresh.load_state_dict(net.state_dict())
+    images = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(fresh.eval()(images), net(images))
+    plain = qat.quantize(_efficientnet(), _batches())
+    legacy = qat.quantizer_state(plain)
+    del legacy[qat.PLACEMENT_KEY]  # a checkpoint written before the key: modelopt's quantizers only
+    restored = qat.restore(_efficientnet(), legacy)
+    assert qat.count_quantizers(restored) == qat.count_quantizers(plain) and not extra_quantizer_names(restored)
+
+
+def test_percentile_calibrator_clips_activations_at_the_histograms_percentile() -> None:
+    """recipe.qat.calibrator=percentile, NVIDIA's (IC/quantization.py:22-28 histogram, :124-130 percentile
+    99.99): an activation range at the 99.99th percentile of |x|, not its max; weights by their max per
+    output channel either way."""
+    import numpy as np
+
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(8, 3, 32, 32, generator=generator) for _ in range(4)]
+    batches[2][0, 0, 0, 0] = 60.0  # one outlier among 98,304 values
+
+    def conv() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+
+    by_max = qat.quantize(conv(), batches)[0]
+    by_percentile = qat.quantize(conv(), batches, calibrator="percentile", percentile=99.99)[0]
+    assert by_max.input_quantizer.amax.item() == pytest.approx(60.0)
+    values = torch.cat([b.abs().flatten() for b in batches]).numpy()
+    amax = by_percentile.input_quantizer.amax.item()  # the histogram's bin edge at 99.99 % of the values
+    assert (values > amax).mean() <= 2e-4 and amax >= float(np.percentile(values, 99.9)) and amax < 5.0
+    assert torch.equal(by_max.weight_quantizer.amax, by_percentile.weight_quantizer.amax)
+    with pytest.raises(ConfigError, match=r"^recipe.qat.calibrator=entropy is not allowed; use max, percentile$"):
+        qat.quantize(conv(), batches, calibrator="entropy")
+
+
+def test_nvidia_quantizers_on_a_network_without_efficientnet_blocks_is_one_line() -> None:
+    from imgcls.models import build_network
+
+    net = build_network(compose_config(["model=resnet18"]).model, num_classes=10)
+    with pytest.raises(ConfigError, match=r"^recipe.qat.quantizers=nvidia places .* use recipe.qat.quantizers="):
+        qat.quantize(net, _batches(1, 32), quantizers="nvidia")
+
+
+def test_nvidias_pytorch_qat_recipes_calibrate_as_quant_main() -> None:
+    """quant_main.py:111 calibrate(model, train_loader, calib_iter=10): 11 batches (the loop breaks after batch
+    i = 10, IC/quantization.py:87-102) of the training batch, train augmentation, histogram at 99.99; NVIDIA's
+    quantized EfficientNet blocks. TF1's recipe (recipe=qat) keeps max calibration on val-preprocessed images."""
+    b0 = compose_config(["recipe=qat_efficientnet_b0"]).recipe.qat
+    b4 = compose_config(["recipe=qat_efficientnet_b4"]).recipe.qat
+    tf1 = compose_config(["recipe=qat"]).recipe.qat
+    assert (b0.calibration_images, b0.calibration_batch_size) == (11 * 128, 128)
+    assert (b4.calibration_images, b4.calibration_batch_size) == (11 * 32, 32)
+    for settings in (b0, b4):
+        assert (settings.calibrator, settings.percentile, settings.calibration_preprocessing, settings.quantizers) == (
+            "percentile", 99.99, "train", "nvidia",
+        )  # fmt: skip
+    assert (tf1.calibrator, tf1.calibration_preprocessing, tf1.quantizers) == ("max", "val", "conv_linear")
+
+
+def test_the_module_quantizes_with_the_recipes_calibrator_and_quantizers() -> None:
+    """ClassificationModule.quantize_network (what train.py's configure_model runs) reads recipe.qat."""
+    from timm.models._efficientnet_blocks import SqueezeExcite
+
+    from imgcls.module import ClassificationModule
+
+    cfg = OmegaConf.to_container(compose_config(["model=efficientnet_b0", "recipe=qat_efficientnet_b0"]), resolve=True)
+    module = ClassificationModule(cfg["model"], cfg["recipe"], plan={}, classes=[str(i) for i in range(10)])
+    module.quantize_network(_batches())
+    se = next(m for m in module.net.modules() if isinstance(m, SqueezeExcite))
+    assert type(se).__name__ == "QuantSqueezeExcite"
+    assert type(se.mul_a_quantizer._calibrator).__name__ == "HistogramCalibrator"
+    assert type(module.net.conv_stem.weight_quantizer._calibrator).__name__ == "MaxCalibrator"
+
+
+def test_train_augmented_calibration_images_are_seeded(calibration_folder: Path) -> None:
+    """recipe.qat.calibration_preprocessing=train: the training augmentation, drawn per image from the seed, so
+    every rank and every run calibrates on the same images; not the val preprocessing's."""
+    from imgcls.models.trained import preprocessing_of
+
+    data = compose_config(tiny_overrides(calibration_folder, "data.train_crop_scale=[0.1,0.3]")).data
+
+    def batches(seed: int, augment: bool) -> torch.Tensor:
+        return torch.cat(list(calibration_batches(data, preprocessing_of(data), 9, 4, seed, augment=augment)))
+
+    train = batches(0, True)
+    assert train.shape == batches(0, False).shape and not torch.equal(train, batches(0, False))
+    assert torch.equal(train, batches(0, True)) and not torch.equal(train, batches(1, True))
+
+
+def test_nvidia_quantizers_export_as_qdq_before_the_se_multiply_and_the_residual_add(tmp_path: Path) -> None:
+    """The extra quantizers are modelopt TensorQuantizers: ONNX QuantizeLinear/DequantizeLinear pairs, so every SE
+    Mul and every residual Add reads dequantized INT8 tensors (TensorRT's INT8 elementwise kernels), and ONNX
+    Runtime computes what the fake-quantized network does."""
+    import warnings
+
+    import onnx
+    import onnxruntime as ort
+
+    net = qat.quantize(_efficientnet(), _batches(), calibrator="percentile", quantizers="nvidia")
+    images = torch.randn(2, 3, 48, 48)
+    path = tmp_path / "nvidia.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (images,), str(path), opset_version=18, dynamo=False)  # as export_onnx
+    graph = onnx.load(str(path)).graph
+    producer = {out: node.op_type for node in graph.node for out in node.output}
+
+    def dequantized(names: Any) -> bool:
+        return all(producer.get(name) == "DequantizeLinear" for name in names)
+
+    muls = [n for n in graph.node if n.op_type == "Mul" and dequantized(n.input)]
+    adds = [n for n in graph.node if n.op_type == "Add" and dequantized(n.input[1:])]  # input 0: the branch's BN
+    assert len(muls) == 16 and len(adds) == 9  # every SE multiply, every residual input
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = net(images).numpy()
+    got = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+    assert np.abs(got - expected).max() <= 0.05 * np.abs(expected).max() + 1e-6

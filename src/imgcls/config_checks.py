@@ -245,6 +245,10 @@ TRAIN: dict[str, Check] = {
     "recipe.qat.calibration_images": POSITIVE,
     "recipe.qat.calibration_batch_size": POSITIVE,
     "recipe.qat.seed": integer(0),
+    "recipe.qat.calibration_preprocessing": choice("val", "train"),  # calibration.py: deployment's or training's
+    "recipe.qat.calibrator": choice("max", "percentile"),  # qat.py CALIBRATORS
+    "recipe.qat.percentile": number(0, 100, open_low=True),
+    "recipe.qat.quantizers": choice("conv_linear", "nvidia"),  # placement.py QUANTIZER_SETS
     # data
     "data.name": anything,
     "data.root": anything,

@@ -114,7 +114,12 @@ class ClassificationModule(L.LightningModule):
         EMA copy, if any, is taken again so that it has them too."""
         from imgcls.quantization import qat
 
-        self.net = qat.quantize(self.net, batches, qat.calibration_device())
+        settings = self.recipe.get("qat") or {}
+        self.net = qat.quantize(
+            self.net, batches, qat.calibration_device(), calibrator=str(settings.get("calibrator") or "max"),
+            percentile=float(settings.get("percentile") or 99.99),
+            quantizers=str(settings.get("quantizers") or "conv_linear"),
+        )  # fmt: skip
         if self.ema is not None:
             self.ema = self._averaged(self.ema.decay)
 

@@ -68,7 +68,12 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         qat, preprocessing = cfg.recipe.qat, preprocessing_of(cfg.data)
         module.quantize_at_setup(  # once the process group exists (ClassificationModule.configure_model)
             lambda: calibration_batches(
-                cfg.data, preprocessing, qat.calibration_images, qat.calibration_batch_size, qat.seed
+                cfg.data,
+                preprocessing,
+                qat.calibration_images,
+                qat.calibration_batch_size,
+                qat.seed,
+                augment=qat.get("calibration_preprocessing") == "train",
             )
         )
     if cfg.get("compile"):

@@ -3,7 +3,10 @@
 N training images, picked with a seed and spread over the classes (round robin over the classes, each
 class's files in a seeded order), read with the VALIDATION preprocessing: calibration measures the
 activation ranges the deployed model sees, and deployment feeds val-preprocessed images (no random crops,
-flips or RandAugment). The files are read through the folder backend's dataset (data/images.py
+flips or RandAugment). QAT may read them with the TRAINING augmentation instead (`augment=True`,
+recipe.qat.calibration_preprocessing=train), as NVIDIA's quant_main.py calibrates on its train loader
+(quant_main.py:110-111): each image's augmentation drawn from a seed of (seed, image), so every rank and every
+run sees the same augmented images. The files are read through the folder backend's dataset (data/images.py
 CheckedImageFolder), so an undecodable file follows `data.on_bad_image` like in training: `skip` warns once
 and the next file of the pick takes its place, `error` stops with its path. The split is listed as the backend
 lists it (data/file_list.py FileList: ImageFolder's walk and order, held compactly), through
@@ -27,9 +30,10 @@ from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
-from imgcls.data.transforms import val_transform
+from imgcls.data.transforms import train_transform, val_transform
 from imgcls.distributed import made_once
 from imgcls.errors import ConfigError
+from imgcls.seeding import sample_seed
 
 
 def spread_pick(targets: list[int], seed: int) -> list[int]:
@@ -48,9 +52,10 @@ def spread_pick(targets: list[int], seed: int) -> list[int]:
     return order
 
 
-def calibration_dataset(data_cfg: DictConfig, preprocessing: dict) -> CheckedImageFolder:
-    """The train split of data_cfg.root under the val transform of `preprocessing`, its files listed once
-    (made_once: by global rank 0 under DDP, the others receive the compact list) in ImageFolder's order."""
+def calibration_dataset(data_cfg: DictConfig, preprocessing: dict, augment: bool = False) -> CheckedImageFolder:
+    """The train split of data_cfg.root under the val transform of `preprocessing` (augment: data_cfg's train
+    transform), its files listed once (made_once: by global rank 0 under DDP, the others receive the compact
+    list) in ImageFolder's order."""
     fmt = str(data_cfg.get("format") or "folder")
     if fmt != "folder":
         raise ConfigError(
@@ -59,23 +64,26 @@ def calibration_dataset(data_cfg: DictConfig, preprocessing: dict) -> CheckedIma
         )
     root = data_cfg.get("root")
     split_root = split_dir(root, "train")
-    transform = val_transform(OmegaConf.create(dict(preprocessing)))
+    transform = train_transform(data_cfg) if augment else val_transform(OmegaConf.create(dict(preprocessing)))
     files = made_once(lambda: FileList(split_root, classes_of(root, "train")))
     return CheckedImageFolder(str(split_root), transform=transform, files=files)
 
 
 def calibration_batches(
-    data_cfg: DictConfig, preprocessing: dict, images: int, batch_size: int, seed: int = 0
+    data_cfg: DictConfig, preprocessing: dict, images: int, batch_size: int, seed: int = 0, augment: bool = False
 ) -> Iterator[torch.Tensor]:
     """`images` training images (fewer only if the split holds fewer good ones) in batches of `batch_size`
-    (the last one may be smaller): float NCHW, normalized, fp32, the same for the same seed."""
+    (the last one may be smaller): float NCHW, normalized, fp32, the same for the same seed (augment: with the
+    training augmentation, drawn per image from the seed)."""
     if not isinstance(images, int) or isinstance(images, bool) or images < 1:
         raise ConfigError(f"calibration.images={images} must be a positive whole number (e.g. 2048)")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
-    dataset = calibration_dataset(data_cfg, preprocessing)
+    dataset = calibration_dataset(data_cfg, preprocessing, augment)
     bad_images = BadImageLog(str(data_cfg.get("on_bad_image") or "skip"))
-    order = spread_pick(dataset.files.targets.tolist(), seed)
+    order: list = spread_pick(dataset.files.targets.tolist(), seed)
+    if augment:  # (index, augmentation seed): CheckedImageFolder runs the transform under that seed
+        order = [(index, sample_seed(seed, 0, index)) for index in order]
     workers = int(data_cfg.get("num_workers") or 0)
     # The whole pick order, read in batch_size chunks until enough good images are there: a skipped bad file
     # is replaced by the next one of the pick, not by a short calibration.

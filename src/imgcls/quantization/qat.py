@@ -7,9 +7,12 @@ TensorRT builds INT8 engines from and ONNX Runtime runs on CPU. (PyTorch's own t
 of torchao, whose QAT targets linear layers of language models and exports no Q/DQ ONNX for convolutions.)
 
 Quantization is NVIDIA's (TF1 `--quantize --symmetric`, modelopt's INT8 default): symmetric signed 8 bits, weights
-per output channel, activations per tensor. The activation ranges are calibrated by their maximum over
-`recipe.qat.calibration_images` training images read with the val preprocessing (quantization/calibration.py),
-the same images on every rank, so every rank starts from the same scales without a collective.
+per output channel, activations per tensor. The activation ranges are calibrated on `recipe.qat.calibration_images`
+training images (quantization/calibration.py; val preprocessing, or the training augmentation as NVIDIA's PyTorch
+quant_main.py), by their maximum or, as NVIDIA's PyTorch code, a histogram's 99.99th percentile
+(`recipe.qat.calibrator`), the same images on every rank, so every rank starts from the same scales without a
+collective. `recipe.qat.quantizers=nvidia` adds the quantizers of NVIDIA's efficientnet-quant networks
+(quantization/placement.py).
 
 A QAT checkpoint carries the quantizers' layout (`quantizer_state`) next to its weights; models/trained.py
 rebuilds it before loading the weights, so evaluate.py, classify and export read QAT checkpoints like any other.
@@ -18,6 +21,7 @@ rebuilds it before loading the weights, so evaluate.py, classify and export read
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import warnings
@@ -28,6 +32,9 @@ import torch
 from torch import nn
 
 from imgcls.distributed import launcher_local_rank
+from imgcls.errors import ConfigError
+from imgcls.quantization.placement import add_quantizers, extra_quantizer_names, placement_of
+from imgcls.quantization.placement import describe as describe_placement
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,6 @@ def _quiet() -> Any:
 
 
 def _modelopt() -> tuple[Any, Any]:
-    from imgcls.errors import ConfigError
-
     try:
         with _quiet():
             import modelopt.torch.opt as mto
@@ -64,16 +69,35 @@ def _modelopt() -> tuple[Any, Any]:
     return mtq, mto
 
 
-def quantize(net: nn.Module, batches: Iterable[torch.Tensor], device: torch.device | None = None) -> nn.Module:
+CALIBRATORS = ("max", "percentile")  # recipe.qat.calibrator
+PLACEMENT_KEY = "imgcls_quantizers"  # in the checkpoint's quantizer state: placement.QUANTIZER_SETS
+
+
+def quantize(
+    net: nn.Module,
+    batches: Iterable[torch.Tensor],
+    device: torch.device | None = None,
+    calibrator: str = "max",
+    percentile: float = 99.99,
+    quantizers: str = "conv_linear",
+) -> nn.Module:
     """Insert the fake quantizers into net (in place) and calibrate their ranges on batches (float NCHW). A GPU
     `device` is made the process's current one first, before modelopt is imported or anything is moved
-    (calibration_device says why)."""
+    (calibration_device says why).
+
+    calibrator: `max`, modelopt's default (the largest |activation| seen); `percentile`, NVIDIA's quant_main.py
+    (image_classification/quantization.py:22-28,113-130): activation ranges from a histogram of |activation|
+    clipped at `percentile` (99.99), weights by their max per output channel (pytorch-quantization's weight
+    calibrator is max; modelopt's too). quantizers: placement.QUANTIZER_SETS."""
+    if calibrator not in CALIBRATORS:
+        raise ConfigError(f"recipe.qat.calibrator={calibrator} is not allowed; use {', '.join(CALIBRATORS)}")
     device = device or torch.device("cpu")
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device.index)
     mtq, _ = _modelopt()
     was_training = net.training
     home = next(net.parameters()).device
+    collector = "histogram" if calibrator == "percentile" else "max"
 
     def forward_loop(model: nn.Module) -> None:
         model.eval()  # BN's running statistics stay those of the trained network
@@ -81,12 +105,47 @@ def quantize(net: nn.Module, batches: Iterable[torch.Tensor], device: torch.devi
             for images in batches:
                 model(images.to(device))
 
+    config = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    for entry in config["quant_cfg"]:  # the activations' entry, in its place (later entries disable BN's etc.)
+        if entry.get("quantizer_name") == "*input_quantizer" and "cfg" in entry:
+            entry["cfg"]["calibrator"] = collector
+    config["algorithm"] = None  # calibrated below, once placement's quantizers are in too
     net.to(device)
     with _quiet():
-        net = mtq.quantize(net, mtq.INT8_DEFAULT_CFG, forward_loop)
+        net = mtq.quantize(net, config)
+        add_quantizers(net, quantizers, collector)
+        if calibrator == "max":
+            net = mtq.calibrate(net, algorithm="max", forward_loop=forward_loop)
+        else:
+            _percentile_calibrate(net, forward_loop, percentile)
     net.to(home).train(was_training)
-    log.info("qat: %d fake quantizers (int8, per-channel weights), calibrated", count_quantizers(net))
+    log.info(
+        "qat: %d fake quantizers (int8, per-channel weights; %s), %s-calibrated",
+        count_quantizers(net), describe_placement(quantizers), calibrator if calibrator == "max" else
+        f"histogram {percentile} percentile",
+    )  # fmt: skip
     return net
+
+
+def _percentile_calibrate(net: nn.Module, forward_loop: Any, percentile: float) -> None:
+    """NVIDIA's calibrate (quantization.py:48-130) with modelopt's quantizers: collect every enabled quantizer's
+    statistics over forward_loop, then each histogram's `percentile` amax and each max calibrator's max
+    (compute_amax, quantization.py:113-121). modelopt's own calibrate runs max calibrators only."""
+    from modelopt.torch.quantization.calib import MaxCalibrator
+    from modelopt.torch.quantization.model_calib import enable_stats_collection, weight_only_quantize
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    enable_stats_collection(net)
+    weight_only_quantize(net)  # the weights' per-channel max, from the weights themselves
+    forward_loop(net)
+    for module in net.modules():
+        if isinstance(module, TensorQuantizer) and not module._disabled and module._calibrator is not None:
+            if isinstance(module._calibrator, MaxCalibrator):
+                module.load_calib_amax()
+            else:
+                module.load_calib_amax("percentile", percentile=float(percentile))
+            module.enable_quant()
+            module.disable_calib()
 
 
 def count_quantizers(net: nn.Module) -> int:
@@ -98,16 +157,32 @@ def is_quantized(net: nn.Module) -> bool:
 
 
 def quantizer_state(net: nn.Module) -> dict[str, Any]:
-    """What a checkpoint needs to rebuild the quantizers before its weights (and ranges) are loaded."""
+    """What a checkpoint needs to rebuild the quantizers before its weights (and ranges) are loaded: modelopt's
+    state, less placement's quantizers (modelopt's restore refuses quantizers it did not insert), which restore
+    adds again from the PLACEMENT_KEY entry."""
     _, mto = _modelopt()
-    return mto.modelopt_state(net)
+    state = copy.deepcopy(mto.modelopt_state(net))
+    extra = extra_quantizer_names(net)
+    for _, mode in state["modelopt_state_dict"]:
+        known = mode.get("metadata", {}).get("quantizer_state")
+        if known is not None:
+            mode["metadata"]["quantizer_state"] = {k: v for k, v in known.items() if k not in extra}
+    state[PLACEMENT_KEY] = placement_of(net)
+    return state
 
 
 def restore(net: nn.Module, state: dict[str, Any]) -> nn.Module:
-    """The quantizers of a QAT checkpoint, in a freshly built network (their ranges come with the state_dict)."""
+    """The quantizers of a QAT checkpoint, in a freshly built network (their ranges come with the state_dict).
+    A state without PLACEMENT_KEY (written before the key existed) has modelopt's quantizers only."""
     _, mto = _modelopt()
+    state = dict(state)
+    placement = state.pop(PLACEMENT_KEY, "conv_linear")
     with _quiet():
-        return mto.restore_from_modelopt_state(net, state)
+        net = mto.restore_from_modelopt_state(net, state)
+        add_quantizers(net, placement)
+    for name in extra_quantizer_names(net):  # an amax buffer for the state_dict's range to load into
+        net.get_submodule(name).amax = torch.tensor(1.0)
+    return net
 
 
 def calibration_device() -> torch.device:
@@ -136,9 +211,17 @@ def describe(run_config: dict[str, Any]) -> dict[str, Any]:
         "method": f"qat (recipe={recipe.get('name')}, {recipe.get('epochs')} epochs)",
         "calibration_images": settings.get("calibration_images"),
         "calibration_seed": settings.get("seed"),
-        "calibration_preprocessing": "val",
+        "calibration_preprocessing": settings.get("calibration_preprocessing") or "val",
+        "calibrator": _calibrator_name(settings),
+        "quantized": describe_placement(settings.get("quantizers") or "conv_linear"),
         "tool": "nvidia-modelopt",
     }
+
+
+def _calibrator_name(settings: dict[str, Any]) -> str:
+    if (settings.get("calibrator") or "max") == "max":
+        return "max"
+    return f"histogram, percentile {settings.get('percentile') or 99.99}"
 
 
 def without_quantizers(net: nn.Module) -> nn.Module:
