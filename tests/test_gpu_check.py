@@ -22,9 +22,11 @@ from omegaconf import OmegaConf
 from imgcls.bench import gpu_check, overhead
 from imgcls.config_checks import check_config
 from imgcls.plan import resolve_plan
-from imgcls.published_throughput import THROUGHPUT
+from imgcls.published import throughput_table
 from imgcls.trainer import check_trainer_args
 from tests.conftest import ROOT, compose_config
+
+THROUGHPUT = throughput_table()  # NVIDIA's training img/s: {(model, hardware, precision): {GPUs: img/s}}
 
 
 @pytest.mark.slow
@@ -188,7 +190,7 @@ def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> N
 
 def test_published_numbers_are_nvidias() -> None:
     """Each number next to ours is in NVIDIA's ResNet50 training-performance tables, on its GPU's row (the table
-    itself: test_plan_mode.py::test_throughput_table_is_nvidias)."""
+    itself: test_published_runs.py::test_pytorch_throughput_and_time_are_nvidias)."""
     reference = (ROOT / "docs" / "reference" / "nvidia-training-performance.md").read_text()
     rows = re.findall(r"^\|\s+(1|8)\s+\|\s+(\d+) img/s\s+\|\s+(\d+) img/s", reference, flags=re.M)[:6]
     expected = []

@@ -83,38 +83,3 @@ def test_the_published_time_is_scaled_to_another_machine_by_nvidias_throughput()
     one = describe(compose_config([*base, "trainer.devices=1"]))["expected_hours_here"]
     assert one.startswith(f"~{5 * 8322 / 1200:.1f} ")
     assert describe(compose_config([*base, "hardware=t4"]))["expected_hours_here"].startswith("no estimate")
-
-
-def _published_tables() -> dict[tuple[str, str, str], dict[int, int]]:
-    """docs/reference/nvidia-training-performance.md's throughput tables (NVIDIA's READMEs, verbatim) as
-    {(model, hardware, precision): {GPUs: img/s}}."""
-    import re
-
-    from tests.conftest import ROOT
-
-    machines = {"DGX A100 (8x A100 80GB)": "dgxa100", "A100 (8x A100 80GB)": "dgxa100",
-                "DGX-1 16GB (8x V100 16GB)": "dgx1v", "DGX-1 (8x V100 16GB)": "dgx1v",
-                "DGX-1 32GB (8x V100 32GB)": "dgx1v_32g", "DGX-1 (8x V100 32GB)": "dgx1v_32g"}  # fmt: skip
-    resnets = {"A.2": "resnet50", "A.3": "resnext101_32x4d", "A.4": "se_resnext101_32x4d"}
-    tables: dict[tuple[str, str, str], dict[int, int]] = {}
-    section = machine = None
-    for line in (ROOT / "docs" / "reference" / "nvidia-training-performance.md").read_text().splitlines():
-        if heading := re.match(r"### (A\.\d)", line):
-            section = heading.group(1)
-        elif title := re.match(r"\*\*Training performance: NVIDIA (.*)\*\*", line):
-            machine = machines[title.group(1).strip()]
-        elif line.startswith("|") and re.search(r"\d+ img/s", line):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            model = resnets.get(section)
-            if model is None:  # EfficientNet's tables name the model in a first column
-                model, cells = cells[0].replace("-", "_"), cells[1:]
-            first = "tf32" if machine == "dgxa100" else "fp32"
-            for precision, cell in ((first, cells[1]), ("amp", cells[2])):
-                tables.setdefault((model, machine, precision), {})[int(cells[0])] = int(cell.split()[0])
-    return tables
-
-
-def test_throughput_table_is_nvidias() -> None:
-    from imgcls.published_throughput import THROUGHPUT
-
-    assert THROUGHPUT == _published_tables() and len(THROUGHPUT) == 42

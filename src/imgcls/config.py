@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from imgcls.errors import ConfigError
+from imgcls.published import resolve as published
 from imgcls.rundir import is_rank_zero
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -49,6 +50,9 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("imgcls.choice"):
         # ${imgcls.choice:experiment,train}: the experiment's file name, or train without one (train.yaml task_name)
         OmegaConf.register_new_resolver("imgcls.choice", _choice)
+    if not OmegaConf.has_resolver("imgcls.published"):
+        # ${imgcls.published:NAME,expected|batch}: an experiment's row of NVIDIA's published runs (published.py)
+        OmegaConf.register_new_resolver("imgcls.published", published)
     if not OmegaConf.has_resolver("imgcls.rank_zero"):
         # ${imgcls.rank_zero:A,B}: A in the launch's global rank 0, B in every other rank, read where the value is
         # used. conf/hydra/default.yaml: only rank 0 writes .hydra/ and the log, on every launcher; a submitit

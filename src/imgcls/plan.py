@@ -27,7 +27,7 @@ from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
 from imgcls.hardware import resolve_auto_hardware
-from imgcls.published_throughput import scaled_hours, throughput
+from imgcls.published import scaled_hours, throughput
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
 
 
@@ -241,7 +241,7 @@ def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
         return f"no estimate: NVIDIA published no training throughput for {missing[0]} {missing[2]} on {missing[1]}"
     return (
         f"~{scaled:.1f} (an estimate: NVIDIA's {hours} h on {origin[3]}x {origin[1]} {origin[2]}, scaled by its "
-        f"published img/s for {planned[3]}x {planned[1]} {planned[2]}, imgcls/published_throughput.py)"
+        f"published img/s for {planned[3]}x {planned[1]} {planned[2]}, imgcls/published_runs.csv)"
     )
 
 

@@ -50,11 +50,11 @@ from typing import IO, Any
 import torch
 
 from imgcls.hardware import hardware_for
-from imgcls.published_throughput import THROUGHPUT
+from imgcls.published import throughput_table
 
 ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding train.py
 
-# The ResNet50 v1.5 rows of NVIDIA's training throughput (imgcls/published_throughput.py) the rows compare with,
+# The ResNet50 v1.5 rows of NVIDIA's training throughput (imgcls/published_runs.csv) the rows compare with,
 # named by their table in docs/reference/nvidia-training-performance.md.
 SOURCES = {
     "dgxa100": "A.2 DGX A100 (8x A100 80GB)",
@@ -436,7 +436,7 @@ def execute(
             row.update(status="FAILED", note="precision=tf32 gives the same conv result as fp32 on an Ampere+ GPU")
     if check.published:
         precision, count = check.published
-        numbers = THROUGHPUT.get(("resnet50", hardware, precision), {})
+        numbers = throughput_table().get(("resnet50", hardware, precision), {})
         if count in numbers:
             row["published"] = numbers[count]
             fraction, basis = pass_mark(gpu_name, hardware)
