@@ -201,3 +201,13 @@ def test_checkpoint_path_that_is_not_a_checkpoint(capsys: pytest.CaptureFixture,
     bogus.write_text("not a checkpoint")
     result = train_in_process(capsys, train_args(folder, tmp_path, f"ckpt_path={bogus}"), tmp_path)
     assert_one_line_error(result, "is not a readable checkpoint")
+
+
+@pytest.mark.slow
+def test_a_resolver_refusing_a_value_is_one_line(tmp_path: Path) -> None:
+    """imgcls's resolvers raise ConfigError inside OmegaConf's interpolation, which wraps it in its own
+    InterpolationResolutionError (a traceback before): an experiment file of one's own naming a published run
+    that does not exist."""
+    expected = "expected=${imgcls.published:resnet50_dgx9_amp_90e,expected}"
+    result = run_cli("train.py", "experiment=demo", expected, "mode=plan", f"hydra.run.dir={tmp_path}")
+    assert_one_line_error(result, "experiment=resnet50_dgx9_amp_90e has no row in published_runs.csv")

@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from imgcls import overrides
 from imgcls.config_checks import EVALUATE, TRAIN, Check, check_config
@@ -69,7 +69,12 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     exit code of the failed jobs (2 input, 3 training, 4 storage), 0 if none failed."""
     try:
         return fn(cfg)
-    except (UserError, MissingMandatoryValue) as exc:
+    except (UserError, MissingMandatoryValue, InterpolationResolutionError) as exc:
+        if isinstance(exc, InterpolationResolutionError):  # an imgcls resolver refusing a value: its one line
+            cause = exc.__cause__ or exc.__context__
+            if not isinstance(cause, UserError):
+                raise
+            exc = cause
         if isinstance(exc, UserError):
             message, code = str(exc), exc.exit_code
         else:
