@@ -4,6 +4,7 @@ work, and the charts in the run dir."""
 
 from __future__ import annotations
 
+import csv
 import re
 import shlex
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from PIL import Image
 
 from imgcls.plot import SOFTWARE
-from tests.conftest import read_report, run_cli, tiny_overrides
+from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,52 @@ def test_closing_summary_names_the_best_epoch_and_the_charts(finished: tuple[Pat
     for name in ("loss", "accuracy", "lr", "throughput"):
         with Image.open(run_dir / "plots" / f"{name}.png") as image:
             assert image.text.get("Software") == SOFTWARE
+
+
+@pytest.mark.slow
+def test_summary_csv_has_a_row_per_epoch_and_the_report_the_best_epoch_wall_time_and_command(
+    finished: tuple[Path, str],
+) -> None:
+    """summary.csv: one row per epoch (counted from 1, as the epoch lines count) with the report's numbers; report.json:
+    the best epoch (numbered as its rows), the run's wall time and the command. Lightning's csv/metrics.csv has a
+    row per logging call instead, mostly empty cells."""
+    run_dir, _ = finished
+    report = read_report(run_dir)
+    rows = report["epochs"]
+    with (run_dir / "summary.csv").open(newline="") as file:
+        table = list(csv.DictReader(file))
+    assert [(int(line["epoch"]), int(line["step"])) for line in table] == [(1, 6), (2, 12)]
+    columns = ("train.loss", "val.loss", "val.top1", "val.top5", "val_ema.top1", "train.lr", "train.total_ips")
+    for line, row in zip(table, rows, strict=True):
+        for key in (*columns, "wall_time_s"):
+            assert float(line[key]) == pytest.approx(row[key]), key
+    assert 0 < rows[0]["wall_time_s"] <= rows[1]["wall_time_s"] <= report["wall_time_s"]
+    best = max(rows, key=lambda r: r["val.top1"])
+    assert report["best"] == {"epoch": best["epoch"], "step": best["step"], "val.top1": best["val.top1"]}
+    command = shlex.split(report["command"])
+    assert command[:3] == ["python", "train.py", "debug=tiny"] and "recipe.ema_decay=0.9" in command
+
+
+@pytest.mark.slow
+def test_the_wall_time_continues_over_a_resume(image_folder: Path, tmp_path: Path) -> None:
+    """A run stopped after epoch 1 and resumed: its wall time goes on from the checkpoint's (here set to 10^6 s, as
+    if the first invocation had run for days), it does not start again at 0."""
+    import torch
+
+    from imgcls.train import run
+
+    args = tiny_overrides(image_folder)
+    run(compose_config([*args, "trainer.max_epochs=1"], run_dir=tmp_path))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert 0 < checkpoint["callbacks"]["ReportCallback"]["wall_time_s"] < 600
+    checkpoint["callbacks"]["ReportCallback"]["wall_time_s"] = 1e6
+    torch.save(checkpoint, last)
+    run(compose_config([*args, "ckpt_path=last"], run_dir=tmp_path))
+    report = read_report(tmp_path)
+    first, second = report["epochs"]
+    assert first["wall_time_s"] < 600 and 1e6 < second["wall_time_s"] <= report["wall_time_s"] < 1e6 + 600
+    assert report["command"] is None  # imgcls.train.run called from Python: no command line
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ launcher and the Optuna sweeper configs."""
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import time
 from pathlib import Path
@@ -54,6 +55,41 @@ def test_failed_job_does_not_stop_or_poison_the_next(image_folder: Path, tmp_pat
     assert ids[0] != ids[1]
     log = wandb_log(sweep / "1", b"val.top1", b"0.1")
     assert b"val.top1" in log and b"0.1" in log  # job 1's own run, with its own config
+
+
+@pytest.mark.slow
+def test_a_sweep_ends_with_its_results_table(image_folder: Path, tmp_path: Path) -> None:
+    """After its jobs a sweep writes SWEEP_DIR/results.csv and prints the same table: per job the overrides that
+    vary, the best val top-1 and its epoch (counted from 1, as the epoch lines count), the epochs trained, the exit
+    code (3: job 0 diverged) and the run dir. Before, the sweep dir held only multirun.yaml."""
+    sweep = tmp_path / "sweep"
+    result = train(
+        tmp_path, "-m", *tiny_overrides(image_folder, f"hydra.sweep.dir={sweep}"), "recipe.lr_per_256=1e12,0.5"
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    with (sweep / "results.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    report = read_report(sweep / "1")
+    best = max(report["epochs"], key=lambda row: row["val.top1"])
+    assert rows == [
+        {"job": "0", "overrides": "recipe.lr_per_256=1000000000000.0", "best val.top1": "", "best epoch": "",
+         "epochs": "0", "exit code": "3", "run dir": str(sweep / "0")},
+        {"job": "1", "overrides": "recipe.lr_per_256=0.5", "best val.top1": str(best["val.top1"]),
+         "best epoch": str(best["epoch"] + 1), "epochs": "2", "exit code": "0", "run dir": str(sweep / "1")},
+    ]  # fmt: skip
+    printed = [line.split() for line in result.stdout.splitlines()]
+    assert ["job", "overrides", "best", "val.top1", "best", "epoch", "epochs", "exit", "code", "run", "dir"] in printed
+    assert ["0", "recipe.lr_per_256=1000000000000.0", "-", "-", "0", "3", str(sweep / "0")] in printed
+    assert [
+        "1",
+        "recipe.lr_per_256=0.5",
+        f"{best['val.top1']:.2f}",
+        str(best["epoch"] + 1),
+        "2",
+        "0",
+        str(sweep / "1"),
+    ] in printed
+    assert result.stderr.strip().splitlines()[-1].startswith("imgcls: error: 1 sweep job(s) failed: job 0 ")
 
 
 @pytest.mark.slow

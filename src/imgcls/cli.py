@@ -26,6 +26,7 @@ from imgcls.errors import ConfigError, UserError
 from imgcls.hardware import resolve_auto_hardware
 from imgcls.log_setup import route_library_logs
 from imgcls.rundir import launch_overrides, task_name
+from imgcls.sweep_results import SWEEP_FAILURES  # each failed job's line and exit code (also in the results table)
 
 # Nothing above imports torch, timm or Lightning: a command that ends with a one-line error (an unknown group
 # choice, a bad value, a missing ckpt=) exits in about a second instead of importing them first (~6 s of CPU).
@@ -55,10 +56,6 @@ def check_group_choices(argv: list[str]) -> None:
 def fail(message: str, code: int = 2) -> None:
     print(f"imgcls: error: {message}", file=sys.stderr)
     sys.exit(code)
-
-
-# (line, exit code) per multirun job that ended with a user error; train_main exits with the highest code.
-SWEEP_FAILURES: list[tuple[str, int]] = []
 
 
 def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:

@@ -47,6 +47,14 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     return shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "ckpt_path=last"])
 
 
+def run_command(run_dir: Path) -> str | None:
+    """`python train.py` with this invocation's overrides (a sweep job's own: it reruns that job alone); None
+    without a record of them (imgcls.train.run called from Python)."""
+    if not HydraConfig.initialized() and not (run_dir / ".hydra" / "overrides.yaml").is_file():
+        return None
+    return shlex.join(["python", "train.py", *run_overrides(run_dir)])
+
+
 def run_overrides(run_dir: Path) -> list[str]:
     """The command-line overrides of this run: Hydra's record of them when Hydra started the run."""
     if HydraConfig.initialized():

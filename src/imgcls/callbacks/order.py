@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from imgcls.callbacks.bad_image_report import BadImageReport
 from imgcls.callbacks.console import MeasuredModelSummary, progress_bar
-from imgcls.callbacks.epoch_log import EpochLog
+from imgcls.callbacks.epoch_log import EpochLog, run_command
 from imgcls.callbacks.finite_loss import FiniteLoss
 from imgcls.callbacks.preemption import Preemption, requeue_by
 from imgcls.callbacks.report import ReportCallback
@@ -31,7 +31,7 @@ def training_callbacks(
     cfg: DictConfig, run_dir: Path, datamodule: ClassificationDataModule
 ) -> tuple[list[L.Callback], ReportCallback]:
     """Every callback of a training run, in order, and the report (the run's summary comes from it)."""
-    report = ReportCallback(run_dir)
+    report = ReportCallback(run_dir, command=run_command(Path(run_dir)))
     last = last_path(run_dir)
     validates = cfg.trainer.get("limit_val_batches") != 0  # 0: NVIDIA --training-only
     overflows = int(cfg.precision.get("max_consecutive_overflows", 10))

@@ -1,37 +1,82 @@
-"""RUN_DIR/report.json with NVIDIA's metric names, per epoch and for the run.
+"""RUN_DIR/report.json with NVIDIA's metric names, per epoch and for the run, and RUN_DIR/summary.csv: one row per
+epoch, the columns a user compares runs by (timm's summary.csv; Lightning's csv/metrics.csv has a row per logging
+call, mostly empty cells).
 
 NVIDIA's DLLogger report names (IC/logger.py): train.loss, train.total_ips, train.compute_ips,
 train.data_time, train.compute_time, train.lr, val.loss, val.top1, val.top5, val.total_ips,
 val.compute_ips. Percentages stay 0-100. The same values go to every Lightning logger.
+report.json also has the best epoch (`best`, numbered as its rows are), the run's wall time (`wall_time_s`, over
+every invocation of a resumed run) and the command of its latest invocation (`command`).
 The report's rows travel in the checkpoint (callback state), so a resumed run continues the report
 consistently with the weights it resumed from.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
-from imgcls.storage import write_json_atomic
+from imgcls.storage import write_atomic, write_json_atomic
 from imgcls.timing import StepTimer
 
 # How each metric is summarized over the run (NVIDIA's meters, with MinMeter really a min).
 RUN_SUMMARY = {"loss": min, "top1": max, "top5": max, "amp_skipped_steps": max}  # the last is a running total
 
+# summary.csv's columns after `epoch` (counted from 1, as the epoch lines and charts count) and `step`; the EMA's
+# only in a run with an EMA copy. wall_time_s: the run's wall time at the row's end (resumed runs continue it).
+SUMMARY_COLUMNS = (
+    "train.loss", "val.loss", "val.top1", "val.top5", "val_ema.top1", "val_ema.top5", "train.lr", "train.total_ips",
+    "val.total_ips", "wall_time_s",
+)  # fmt: skip
+
+
+def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of the best val.top1 (the earliest of equals), None when no epoch was validated."""
+    validated = [row for row in rows if row.get("val.top1") is not None]
+    return max(validated, key=lambda row: row["val.top1"]) if validated else None
+
+
+def summary_csv(rows: list[dict[str, Any]]) -> str:
+    columns = [c for c in SUMMARY_COLUMNS if not c.startswith("val_ema.") or any(c in row for row in rows)]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["epoch", "step", *columns])
+    for row in rows:
+        writer.writerow([row["epoch"] + 1, row["step"], *("" if row.get(c) is None else row[c] for c in columns)])
+    return out.getvalue()
+
 
 class ReportCallback(L.Callback):
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, command: str | None = None) -> None:
         self.path = Path(run_dir) / "report.json"
+        self.summary_path = Path(run_dir) / "summary.csv"
+        self.command = command  # the invocation's command line (epoch_log.run_command), None when not known
         self.rows: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
+        self._wall_before = 0.0  # the wall time of a resumed run's earlier invocations, as of its checkpoint
+        self._started: float | None = None  # this invocation's fit start
         self.train = StepTimer()
         self.val = StepTimer()
         self._losses: list[torch.Tensor] = []  # each step's loss, on the device: summed once an epoch, no kernel a step
         self._epoch_written = -1
         self.counters: dict[str, int] = {}  # running totals other callbacks keep (train.amp_skipped_steps)
+
+    def wall_time(self) -> float:
+        """Seconds of this run: earlier invocations' (from the checkpoint) and this one's since its fit started."""
+        return self._wall_before + (time.perf_counter() - self._started if self._started is not None else 0.0)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._started = time.perf_counter()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and self.rows:
+            self.write()  # the wall time to the end of fit
 
     # --- training -------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -99,6 +144,7 @@ class ReportCallback(L.Callback):
                 if key.startswith(("val.", "val_ema.")):
                     row[key] = float(value)
             row.update(self.val.summary("val", trainer.world_size))
+        row["wall_time_s"] = round(self.wall_time(), 3)
         self.rows = [r for r in self.rows if r["epoch"] < epoch] + [row]
         self._epoch_written = epoch
         if trainer.is_global_zero:
@@ -125,12 +171,20 @@ class ReportCallback(L.Callback):
         return out
 
     def write(self) -> None:
-        document = {"epochs": self.rows, "run": self.summary(), **self.extra}
+        best = best_row(self.rows)
+        document = {
+            "epochs": self.rows, "run": self.summary(),
+            "best": None if best is None else {k: best[k] for k in ("epoch", "step", "val.top1")},
+            "wall_time_s": round(self.wall_time(), 3), "command": self.command, **self.extra,
+        }  # fmt: skip
         write_json_atomic(self.path, document)
+        text = summary_csv(self.rows)
+        write_atomic(self.summary_path, lambda tmp: tmp.write_text(text))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "extra": self.extra}
+        return {"rows": self.rows, "extra": self.extra, "wall_time_s": self.wall_time()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rows = list(state_dict.get("rows", []))
         self.extra = dict(state_dict.get("extra", {}))
+        self._wall_before = float(state_dict.get("wall_time_s", 0.0))
