@@ -25,6 +25,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from imgcls.rundir import is_rank_zero
+from imgcls.storage import write_atomic, write_json_atomic
+
 # (line, exit code) per multirun job that ended with a user error (imgcls.cli.guarded appends to it); train_main
 # exits with the highest code.
 SWEEP_FAILURES: list[tuple[str, int]] = []
@@ -48,7 +51,7 @@ class SweepResults(Callback):
         self._failures_before = len(SWEEP_FAILURES)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not _multirun(config):
+        if not _multirun(config) or not is_rank_zero():  # each rank of a multi-GPU job (slurm) runs this hook
             return
         failures = SWEEP_FAILURES[self._failures_before :]
         error, code = failures[-1] if failures else (None, 0)
@@ -57,16 +60,15 @@ class SweepResults(Callback):
                 job_return.return_value  # noqa: B018 - it raises the job's exception
             except Exception as exc:  # noqa: BLE001 - only named here
                 error, code = f"{type(exc).__name__}: {exc}", 1
-        run_dir = Path(str(config.hydra.runtime.output_dir))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / JOB_FILE).write_text(json.dumps({"exit_code": code, "error": error}, indent=2) + "\n")
+        write_json_atomic(Path(str(config.hydra.runtime.output_dir)) / JOB_FILE, {"exit_code": code, "error": error})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         rows = sweep_rows(sweep_dir)
         if not rows:
             return
-        (sweep_dir / RESULTS_FILE).write_text(results_csv(rows))
+        text = results_csv(rows)
+        write_atomic(sweep_dir / RESULTS_FILE, lambda tmp: tmp.write_text(text))
         print(results_table(rows), flush=True)
         print(f"sweep results: {sweep_dir / RESULTS_FILE}", flush=True)
 
