@@ -1,5 +1,5 @@
-"""The package layout rules: no import cycles (not even through function-level imports), and the README's
-layout section names every module that exists and no module that does not."""
+"""The package layout rules: no import cycles (not even through function-level imports), and the layout section of
+docs/architecture.md names every module that exists and no module that does not."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-README = Path(__file__).resolve().parents[1] / "README.md"
+LAYOUT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
 def modules() -> dict[str, Path]:
@@ -76,8 +76,8 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_readme_layout_lists_every_module() -> None:
-    text = README.read_text()
+def test_layout_lists_every_module() -> None:
+    text = LAYOUT.read_text()
     block = text[text.index("## Project layout") :]
     block = block[: block.index("```", block.index("```") + 3)]
     listed: set[str] = set()
@@ -93,7 +93,7 @@ def test_readme_layout_lists_every_module() -> None:
         m for m in actual
         if not m.endswith("__init__") and m not in listed and not any(m.startswith(p + "/") for p in listed)
     }  # fmt: skip
-    assert uncovered == set(), f"modules missing from README's layout: {sorted(uncovered)}"
+    assert uncovered == set(), f"modules missing from docs/architecture.md's layout: {sorted(uncovered)}"
     stale = {m for m in listed if not (SRC / "imgcls" / f"{m}.py").exists() and not (SRC / "imgcls" / m).is_dir()}
-    assert stale == set(), f"README's layout names modules that do not exist: {sorted(stale)}"
+    assert stale == set(), f"docs/architecture.md's layout names modules that do not exist: {sorted(stale)}"
     assert re.search(r"train\.py, evaluate\.py", block)

@@ -190,3 +190,15 @@ def test_experiment_composes_to_its_row(name: str) -> None:
     if run.batch is not None:
         assert plan.per_device_batch == run.batch
     assert OmegaConf.to_container(cfg.expected, resolve=True) == expected(run)
+
+
+def test_the_docs_tables_are_the_published_table() -> None:
+    """docs/recipes.md shows every experiment's published numbers as `python -m imgcls.published` prints them:
+    the table is the one place they are typed in."""
+    from imgcls.published import FRAMEWORKS, markdown
+
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    for framework in FRAMEWORKS:
+        shown = re.search(rf"<!-- published:{framework} -->\n(.*?)<!-- /published:{framework} -->", text, re.S)
+        assert shown is not None, framework
+        assert shown.group(1) == markdown(framework), f"docs/recipes.md: run python -m imgcls.published ({framework})"

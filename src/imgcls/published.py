@@ -127,3 +127,26 @@ def scaled_hours(
     NVIDIA's throughputs: an estimate (the same epochs and images; data loading and scaling as NVIDIA's)."""
     here, there = throughput(*planned), throughput(*published)
     return None if here is None or there is None else hours * there / here
+
+
+FRAMEWORKS = {"pytorch": "NVIDIA PyTorch", "tf1": "NVIDIA TensorFlow 1", "tf2": "NVIDIA TensorFlow 2"}
+
+
+def markdown(framework: str) -> str:
+    """The experiments of one framework as a Markdown table (docs/recipes.md holds this text; a test keeps them
+    equal): what `python -m imgcls.published` prints."""
+    lines = [
+        "| experiment | GPUs | epochs | top-1 % | time to train | NVIDIA's source |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for run in sorted(runs(), key=lambda r: r.experiment or ""):
+        if run.experiment and run.framework == framework:
+            top1 = "–" if run.top1 is None else f"{run.top1}" + (f" ± {run.top1_std}" if run.top1_std else "")
+            hours = "–" if run.hours is None else f"{run.hours} h"
+            lines.append(f"| `{run.experiment}` | {run.gpus} | {run.epochs} | {top1} | {hours} | {run.source} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    for name, title in FRAMEWORKS.items():
+        print(f"{title}:\n\n{markdown(name)}")
