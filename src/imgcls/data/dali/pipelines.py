@@ -294,11 +294,6 @@ def train_pipeline(
     # antialias=False in training, as NVIDIA (6fcd5f5d "Fix DALI anti-alias flag"): cheaper on CPU.
     images = fn.resize(images, size=[size, size], interp_type=interp_type(interpolation), antialias=antialias)
     if augment == "autoaugment":
-        if autoaugment_policy != "v0":
-            raise ConfigError(
-                f"data.autoaugment_policy={autoaugment_policy} is not available with DALI (its AutoAugment "
-                "ImageNet policy is v0); use v0 or data.backend=torchvision"
-            )
         # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0),
         # here with TF's Posterize, Solarize and nearest-pixel warps (tf_autoaugment.py), as the torchvision
         # backend (augment.py). Translations in pixels as NVIDIA's (up to 250 px); with `shape` DALI would shift
