@@ -17,6 +17,7 @@ from imgcls.data.backends import make_backend
 from imgcls.data.bad_images import BadImage
 from imgcls.data.image_scan import scan_file
 from imgcls.data.images import load_rgb
+from imgcls.data.protocol import LoaderSpec
 from imgcls.train import run
 from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
 
@@ -106,7 +107,7 @@ def test_fast_jpeg_check_agrees_with_pil(kinds: Path, tmp_path: Path, monkeypatc
 
 def train_epoch_samples(cfg, caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:
     backend = make_backend(cfg)
-    loader = backend.loader("train", batch_size=6, rank=0, world_size=1, seed=0)  # 36 files: no tail
+    loader = backend.loader(LoaderSpec("train", batch_size=6))  # 36 files: no tail
     with caplog.at_level(logging.WARNING):
         count = sum(len(labels) for _, labels in loader)
         count2 = sum(len(labels) for _, labels in loader)  # a second epoch warns no more

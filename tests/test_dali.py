@@ -4,6 +4,7 @@ torchvision, crop ranges, exact per-rank parts, Lightning runs (one process and 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from torchvision.datasets import ImageFolder
 
 from imgcls.data.backends import make_backend
 from imgcls.data.file_list import FileList
+from imgcls.data.protocol import LoaderSpec
 from imgcls.errors import ConfigError
 from tests import warm_python
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, sample_photos, tiny_overrides
@@ -72,10 +74,10 @@ def test_labels_identical_to_imagefolder(tmp_path: Path) -> None:
     backend = make_backend(data_cfg(root))
     reference = ImageFolder(str(root / "val"))
     assert backend.classes == reference.classes == ["C", "a10", "a2", "b"]
-    _, labels = epoch(backend.loader("val", 4, 0, 1, 0))
+    _, labels = epoch(backend.loader(LoaderSpec("val", 4)))
     assert labels.tolist() == reference.targets
     # Train is shuffled: each image must still carry its own class's label.
-    images, labels = epoch(backend.loader("train", 4, 0, 1, 0))
+    images, labels = epoch(backend.loader(LoaderSpec("train", 4)))
     assert sorted(labels.tolist()) == sorted(ImageFolder(str(root / "train")).targets)
     red = images[:, 0].mean(dim=(1, 2)) * 0.229 + 0.485  # undo normalization: red in 0..1
     class_of_red = {reference.class_to_idx[n]: 60 * k + 10 for k, n in enumerate(["b", "a2", "a10", "C"])}
@@ -102,7 +104,8 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     """
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    from imgcls.data.dali.pipelines import READER, val_pipeline
+    from imgcls.data.dali.pipelines import READER, FolderSource, val_pipeline
+    from imgcls.data.dali.settings import DaliSettings
     from imgcls.data.transforms import val_transform
 
     files = _photos(tmp_path_factory)
@@ -112,9 +115,8 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     listing = tmp_path_factory.mktemp("list") / "files.txt"
     listing.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
     pipe = val_pipeline(
-        file_list=str(listing), file_root=None, shard_id=0, num_shards=1, size=224, resize=256, gpu=False,
-        interpolation=interpolation, mean=list(cfg.mean), std=list(cfg.std),
-        batch_size=8, num_threads=1, device_id=None,
+        source=FolderSource(str(listing), None), settings=DaliSettings.from_config(cfg, gpu=False), shard_id=0,
+        num_shards=1, size=224, resize=256, batch_size=8, num_threads=1, device_id=None,
     )  # fmt: skip
     iterator = DALIGenericIterator(
         pipe, ["data", "index", "bad"], reader_name=READER, last_batch_policy=LastBatchPolicy.PARTIAL
@@ -137,7 +139,9 @@ def test_train_crops_respect_area_and_aspect(tmp_path: Path, resize: str) -> Non
             f"data.train_crop_ratio=[{ratio[0]},{ratio[1]}]",
             f"data.dali_train_resize={resize}",
         )
-        loader = make_backend(cfg).loader("train", 2, 0, 1, seed=3, with_crop_shape=True)
+        backend = make_backend(cfg)
+        backend.settings = replace(backend.settings, with_crop_shape=True)  # the crops' shapes as an output
+        loader = backend.loader(LoaderSpec("train", 2, seed=3))
         shapes = torch.cat([next(iter(loader))[2] for _ in range(60)]).double()  # (h, w, c) of each crop
         area = shapes[:, 0] * shapes[:, 1] / (400 * 300)
         aspect = shapes[:, 1] / shapes[:, 0]
@@ -171,7 +175,7 @@ def test_host_resize_matches_dali_resize(tmp_path_factory: pytest.TempPathFactor
     batches = {}
     for resize in ("torch", "dali"):
         cfg = data_cfg(root, f"data.dali_train_resize={resize}", "model.image_size=224")
-        loader = make_backend(cfg).loader("train", 8, 0, 1, seed=5)
+        loader = make_backend(cfg).loader(LoaderSpec("train", 8, seed=5))
         batches[resize] = [(x.clone(), y) for x, y in loader]
     torch_images, dali_images = (torch.cat([x for x, _ in batches[k]]) for k in ("torch", "dali"))
     assert torch_images.shape == dali_images.shape == (16, 3, 224, 224)
@@ -208,7 +212,7 @@ def test_val_parts_cover_every_image_once(folder: Path, world: int) -> None:
     for _ in range(2):  # two epochs: the second must be exact too
         labels = []
         for rank in range(world):
-            loader = backend.loader("val", 4, rank, world, seed=0)
+            loader = backend.loader(LoaderSpec("val", 4, rank, world, seed=0))
             batches = [y for _, y in loader]
             assert len(batches) == len(loader)
             assert all(len(y) == 4 for y in batches[:-1])
@@ -232,7 +236,7 @@ def test_val_pipeline_gets_only_its_parts_files(
     monkeypatch.setattr(FileList, "write_list", record)
     backend = make_backend(data_cfg(folder, f"data.trace_dir={tmp_path}"))
     for rank in range(world):
-        loader = backend.loader("val", 4, rank, world, seed=0)
+        loader = backend.loader(LoaderSpec("val", 4, rank, world, seed=0))
         for _ in range(2):  # the second epoch reads the same part
             list(loader)
     for rank in range(world):
@@ -246,13 +250,13 @@ def test_val_pipeline_gets_only_its_parts_files(
             read = sorted(map(int, (tmp_path / f"val_rank{rank}_epoch{e}.txt").read_text().split()))
             assert read == list(range(begin, end))
     given.clear()
-    backend.loader("train", 4, 1, world, seed=0)
+    backend.loader(LoaderSpec("train", 4, 1, world, seed=0))
     assert len(given[0]) == 24  # train: the whole list (DALI shuffles it before taking the rank's part)
 
 
 def test_train_parts_are_disjoint_with_equal_steps(folder: Path, tmp_path: Path) -> None:
     backend = make_backend(data_cfg(folder, f"data.trace_dir={tmp_path}"))
-    loaders = [backend.loader("train", 4, rank, 2, seed=0) for rank in range(2)]
+    loaders = [backend.loader(LoaderSpec("train", 4, rank, 2, seed=0)) for rank in range(2)]
     assert len(loaders[0]) == len(loaders[1]) == 3  # 24 images / 2 ranks / batch 4
     for _ in range(2):
         for loader in loaders:
@@ -289,7 +293,7 @@ def test_an_epoch_taken_to_its_length_costs_one_reader_epoch(
     and ran that out too: every epoch after the first decoded a whole epoch and threw it away. Now each epoch
     takes its own batches only (the first epoch's extra one is the iterator's prefetched first batch)."""
     taken = _count_dali_batches(monkeypatch)
-    loader = make_backend(data_cfg(folder, f"data.dali_train_resize={resize}")).loader("train", 8, 0, 1, seed=0)
+    loader = make_backend(data_cfg(folder, f"data.dali_train_resize={resize}")).loader(LoaderSpec("train", 8))
     per_epoch = []
     for _ in range(3):
         batches = iter(loader)
@@ -310,26 +314,26 @@ def test_an_epoch_left_early_costs_only_its_batches(
     taken = _count_dali_batches(monkeypatch)
     backend = make_backend(data_cfg(folder, f"data.dali_train_resize={resize}"))
     size = 4 if split == "train" else 3  # 24 train images: 6 batches; 21 val images: 7 batches
-    loader = backend.loader(split, size, 0, 1, seed=0)
+    loader = backend.loader(LoaderSpec(split, size, limit_batches=1))
     firsts, reads = [], []
     for _ in range(3):
         before = taken[0]
         firsts.append(next(iter(loader))[1].tolist())  # one batch, then the epoch is left
         reads.append(taken[0] - before)
         if split == "train" and len(firsts) == 1:
-            saved = loader.position(steps_per_epoch=1)
+            saved = loader.state_dict()
     # The producer thread (torch resize) may have run ahead by its queue; the rest of the epoch is never read.
     assert len(loader) >= 6 and all(n <= 3 for n in reads), reads
     if split == "val":  # val reads its part in order: every epoch starts at the same batch
         assert firsts[0] == firsts[1] == firsts[2]
         return
     assert firsts[0] != firsts[1] != firsts[2]  # each a new epoch, not epoch 0's order again
-    assert saved["done"] and saved["early"]
+    assert saved["positions"][0]["done"] and saved["positions"][0]["early"]
     before = taken[0]
-    resumed = backend.loader(split, size, 0, 1, seed=0, position=saved)
+    resumed = backend.loader(LoaderSpec(split, size, limit_batches=1, resume=saved))
     assert next(iter(resumed))[1].tolist() == firsts[1]
     assert taken[0] - before <= 3  # before: the saved batch made again, then the epoch's 5 others run out
-    again = backend.loader(split, size, 0, 1, seed=0, position=resumed.position(steps_per_epoch=1))
+    again = backend.loader(LoaderSpec(split, size, limit_batches=1, resume=resumed.state_dict()))
     assert next(iter(again))[1].tolist() == firsts[2]
 
 
@@ -346,7 +350,7 @@ def test_resumed_data_module_builds_its_dali_pipeline_once_at_the_saved_batch(
 
     cfg = data_cfg(folder)
     first = ClassificationDataModule(cfg, batch_size=4)
-    first.trainer = SimpleNamespace(current_epoch=0, global_rank=0, world_size=1, num_training_batches=6)
+    first.trainer = SimpleNamespace(current_epoch=0, global_rank=0, world_size=1, limit_train_batches=1.0)
     batches = iter(first.train_dataloader())
     expected = [next(batches)[1].tolist() for _ in range(2)]
     saved = first.state_dict()  # after 2 of the epoch's 6 batches
@@ -379,10 +383,10 @@ def test_dali_list_file_is_imgcls_own_temp_file_and_only_it_goes(
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     data_before = {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")}
     backend = make_backend(data_cfg(folder))
-    loader = backend.loader("train", 8, 0, 1, seed=0)
+    loader = backend.loader(LoaderSpec("train", 8))
     next(iter(loader))
-    backend.loader("val", 4, 0, 1, seed=0)
-    backend.loader("train", 8, 0, 1, seed=0, position=loader.position())  # a resumed build
+    backend.loader(LoaderSpec("val", 4))
+    backend.loader(LoaderSpec("train", 8, resume=loader.state_dict()))  # a resumed build
     assert {p.name: p.read_text() for p in temp.iterdir()} == theirs
     assert {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")} == data_before
 
@@ -391,14 +395,14 @@ def test_dali_list_file_is_imgcls_own_temp_file_and_only_it_goes(
 def test_dali_checkpointing_switch(folder: Path, checkpointing: bool) -> None:
     """data.dali_checkpointing=false (to save the reader's second copy of the names) keeps no position: a resume
     starts the reader's epoch again. On, the position names the DALI checkpoint of the batch trained on last."""
-    loader = make_backend(data_cfg(folder, f"data.dali_checkpointing={checkpointing}")).loader("train", 8, 0, 1, 0)
+    loader = make_backend(data_cfg(folder, f"data.dali_checkpointing={checkpointing}")).loader(LoaderSpec("train", 8))
     next(iter(loader))
     position = loader.position()
     assert (position.get("yielded"), bool(position.get("start"))) == ((1, True) if checkpointing else (None, False))
 
 
 def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> None:
-    loader = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, seed=0)
+    loader = make_backend(data_cfg(folder)).loader(LoaderSpec("val", 4))
     iterator = iter(loader)
     first, _ = next(iterator)
     kept = first.clone()
@@ -416,9 +420,9 @@ def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> Non
 @pytest.mark.parametrize("split,resize", [("val", "dali"), ("train", "dali"), ("train", "torch")])
 def test_channels_last_and_fp16_outputs(folder: Path, split: str, resize: str) -> None:
     extra = f"data.dali_train_resize={resize}"
-    plain = make_backend(data_cfg(folder, extra)).loader(split, 4, 0, 1, 0)
+    plain = make_backend(data_cfg(folder, extra)).loader(LoaderSpec(split, 4))
     nhwc = make_backend(data_cfg(folder, extra, "precision.channels_last=true", "data.dali_fp16=true")).loader(
-        split, 4, 0, 1, 0
+        LoaderSpec(split, 4, 0, 1, 0)
     )
     x, _ = next(iter(plain))
     y, _ = next(iter(nhwc))
@@ -433,7 +437,7 @@ def test_channels_last_and_fp16_outputs(folder: Path, split: str, resize: str) -
 @pytest.mark.parametrize("augment", ["autoaugment", "randaugment"])
 def test_auto_augment_policies_run_on_cpu(folder: Path, augment: str) -> None:
     cfg = data_cfg(folder, f"recipe.augment={augment}", "data.hflip=0")
-    images, labels = next(iter(make_backend(cfg).loader("train", 8, 0, 1, seed=0)))
+    images, labels = next(iter(make_backend(cfg).loader(LoaderSpec("train", 8))))
     assert images.shape == (8, 3, 32, 32) and torch.isfinite(images).all() and labels.dtype == torch.int64
 
 
@@ -451,15 +455,15 @@ def test_dali_auto_augment_translates_in_pixels_as_nvidia(folder: Path, monkeypa
 
     monkeypatch.setattr(pipelines, "tf_v0_policy", spy)
     cfg = data_cfg(folder, "recipe.augment=autoaugment", "data.hflip=0")
-    images, _ = next(iter(make_backend(cfg).loader("train", 8, 0, 1, seed=0)))
+    images, _ = next(iter(make_backend(cfg).loader(LoaderSpec("train", 8))))
     assert seen and all(k == {"max_translate_abs": 250} for k in seen)  # absolute pixels, not `shape`
     assert torch.isfinite(images).all()
 
 
 @needs_cuda
 def test_dali_gpu_matches_dali_cpu_on_val(folder: Path) -> None:
-    cpu_x, cpu_y = epoch(make_backend(data_cfg(folder)).loader("val", 4, 0, 1, 0))
-    gpu_x, gpu_y = epoch(make_backend(data_cfg(folder, "data.backend=dali_gpu")).loader("val", 4, 0, 1, 0))
+    cpu_x, cpu_y = epoch(make_backend(data_cfg(folder)).loader(LoaderSpec("val", 4)))
+    gpu_x, gpu_y = epoch(make_backend(data_cfg(folder, "data.backend=dali_gpu")).loader(LoaderSpec("val", 4)))
     assert gpu_x.is_cuda and torch.equal(gpu_y, cpu_y)
     assert (gpu_x.cpu() - cpu_x).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo: small decode differences
 
@@ -635,7 +639,7 @@ def test_host_resize_makes_the_next_batch_while_the_step_runs(folder: Path, monk
     import time
 
     threads = _counting_resize(monkeypatch)
-    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader("train", 4, 0, 1, seed=0)
+    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader(LoaderSpec("train", 4))
     assert loader.prefetch == 1
     iterator = iter(loader)
     next(iterator)
@@ -650,7 +654,7 @@ def test_host_resize_makes_the_next_batch_while_the_step_runs(folder: Path, monk
 
 def test_background_resize_error_reaches_the_consumer(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     threads = _counting_resize(monkeypatch, fail_at=3)
-    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader("train", 4, 0, 1, seed=0)
+    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader(LoaderSpec("train", 4))
     got = []
     with pytest.raises(RuntimeError, match="resize failed on purpose"):
         for batch in loader:
@@ -673,7 +677,7 @@ def test_background_resize_keeps_traces_early_stops_and_ends_its_thread(folder: 
     for prefetch in (0, 1):
         trace = tmp_path / f"prefetch{prefetch}"
         overrides = ("data.dali_train_resize=torch", f"data.trace_dir={trace}", f"data.dali_host_prefetch={prefetch}")
-        loader = make_backend(data_cfg(folder, *overrides)).loader("train", 4, 0, 1, seed=0)
+        loader = make_backend(data_cfg(folder, *overrides)).loader(LoaderSpec("train", 4))
         assert (loader._worker is not None) == bool(prefetch)
         iterator = iter(loader)
         # An early stop (limit_train_batches) after 2 batches, kept (cloned: the ring of batch buffers rewrites
@@ -729,13 +733,13 @@ def test_host_resize_ring_keeps_the_batch_in_use_and_bounds_memory(folder: Path,
     from imgcls.data.dali.loader import ring_slots
 
     cfg = data_cfg(folder, "data.dali_train_resize=torch", f"data.dali_host_prefetch={prefetch}")
-    loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+    loader = make_backend(cfg).loader(LoaderSpec("train", 4))
     slots = ring_slots(prefetch)
     assert loader.prefetch == prefetch and loader.host_resize.ring.slots == slots == prefetch + 2 + (prefetch > 0)
     overwritten, buffers = _consume_holding_one(loader, wait=0.1)
     assert not overwritten and len(buffers) == slots and loader.host_resize.ring.taken == 12
 
-    smaller = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+    smaller = make_backend(cfg).loader(LoaderSpec("train", 4))
     smaller.host_resize.ring = BatchRing(slots - 1)  # past the check DaliLoader makes (test below)
     overwritten, _ = _consume_holding_one(smaller, wait=10, stop_at_overwrite=True)
     assert overwritten
@@ -746,11 +750,14 @@ def test_loader_refuses_a_ring_too_small_for_its_queue() -> None:
 
     from imgcls.data.dali.batch_ring import BatchRing
     from imgcls.data.dali.loader import DaliLoader, ring_slots
+    from imgcls.data.dali.settings import DaliSettings
 
+    settings = DaliSettings.from_config(data_cfg(Path("/unused")), gpu=False)
     for prefetch in (0, 1, 3):
         resize = SimpleNamespace(ring=BatchRing(ring_slots(prefetch) - 1))
         with pytest.raises(ValueError, match=f"needs {ring_slots(prefetch)}"):
-            DaliLoader(None, ["data"], range(8), 4, 0, 1, drop_last=True, host_resize=resize, prefetch=prefetch)
+            spec, queued = LoaderSpec("train", 4), replace(settings, host_prefetch=prefetch)
+            DaliLoader(None, ["data"], range(8), spec, queued, host_resize=resize)
 
 
 def test_batch_ring_hands_out_its_slots_in_turn() -> None:
@@ -802,7 +809,7 @@ def test_a_closed_or_dropped_loader_stops_its_pipeline(
     unraisable: list = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     overrides = ("data.dali_train_resize=torch", f"data.dali_host_prefetch={prefetch}")
-    loader = make_backend(data_cfg(folder, *overrides)).loader("train", 4, 0, 1, seed=0)
+    loader = make_backend(data_cfg(folder, *overrides)).loader(LoaderSpec("train", 4))
     next(iter(loader))  # mid-epoch: batches in flight
     pipe = loader._iterator._pipes[0]
     fails_once = pipe._pipe = _ShutdownFailsOnce(pipe._pipe)

@@ -17,6 +17,7 @@ from tests.conftest import compose_config, make_image_folder, tiny_overrides
 pytest.importorskip("nvidia.dali")
 
 from imgcls.data.datamodule import ClassificationDataModule  # noqa: E402 - after the skip
+from imgcls.data.protocol import LoaderSpec
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,8 @@ def data_cfg(root: Path, *extra: str) -> Any:
 
 
 def trainer(epoch: int, rank: int = 0, world: int = 1, steps: int | None = None) -> SimpleNamespace:
-    return SimpleNamespace(current_epoch=epoch, global_rank=rank, world_size=world, num_training_batches=steps)
+    limit = steps if steps is not None else 1.0  # the steps of an epoch the trainer takes
+    return SimpleNamespace(current_epoch=epoch, global_rank=rank, world_size=world, limit_train_batches=limit)
 
 
 def first_batch(loader: Any) -> torch.Tensor:
@@ -42,7 +44,7 @@ def first_batch(loader: Any) -> torch.Tensor:
 def fresh(cfg: Any, batch: int, rank: int, world: int, first_epoch: int) -> torch.Tensor:
     """The first batch (images: the samples, their order and augmentation draws) of a pipeline built fresh for
     `first_epoch`."""
-    loader = make_backend(cfg).loader("train", batch, rank, world, 0, first_epoch=first_epoch)
+    loader = make_backend(cfg).loader(LoaderSpec("train", batch, rank, world, 0, first_epoch=first_epoch))
     try:
         return first_batch(loader)
     finally:
@@ -52,8 +54,15 @@ def fresh(cfg: Any, batch: int, rank: int, world: int, first_epoch: int) -> torc
 def saved_at_epoch_2(cfg: Any, batch: int = 4) -> dict[str, Any]:
     """The DataModule state of a 1-rank run 2 batches into epoch 2 (what load_state_dict receives)."""
     run = ClassificationDataModule(cfg, batch_size=batch)
-    run.trainer = trainer(2, steps=24 // batch)
-    batches = iter(run.train_dataloader())
+    run.trainer = trainer(0, steps=24 // batch)
+    loader = run.train_dataloader()
+    for epoch in range(2):  # epochs 0 and 1, as Lightning's fit loop takes them: len() batches
+        run.trainer.current_epoch = epoch
+        batches = iter(loader)
+        for _ in range(len(loader)):
+            next(batches)
+    run.trainer.current_epoch = 2
+    batches = iter(loader)
     next(batches), next(batches)
     state = run.state_dict()
     del batches
@@ -98,14 +107,14 @@ def test_resume_on_another_world_size_starts_the_saved_epoch_then_goes_on_in_its
         run.trainer.current_epoch = 3
         batches = iter(loader)
         next(batches)
-        positions.append(run.state_dict()["dali"][0])
+        positions.append(run.state_dict()["train_loader"]["positions"][0])  # (no process group: its own only)
         expected.append(next(batches)[0].clone())
         ranks.append(run)
         iterators.append(batches)
     del iterators
     for run in ranks:
         run.teardown("fit")
-    later = {"dali": positions, "epoch": 3}
+    later = {"train_loader": {"positions": positions, "epoch": 3}, "epoch": 3}
     for rank in (0, 1):
         assert torch.equal(resumed_first_batch(cfg, later, batch=4, rank=rank, world=2), expected[rank]), rank
 
@@ -115,7 +124,7 @@ def test_resume_without_reader_checkpoints_starts_the_saved_epoch(folder: Path) 
     built for epoch 2 (before: epoch 0's order and draws)."""
     cfg = data_cfg(folder, "data.dali_checkpointing=false")
     state = saved_at_epoch_2(cfg)
-    assert state["dali"] == [{}]
+    assert state["train_loader"] == {"positions": [{}], "epoch": 2}
     got = resumed_first_batch(cfg, state, batch=4)
     assert torch.equal(got, fresh(cfg, 4, 0, 1, first_epoch=2))
     assert not torch.equal(got, fresh(cfg, 4, 0, 1, first_epoch=0))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from imgcls.data.backends import make_backend
+from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards.convert import convert
 from imgcls.errors import DataError
 from tests.conftest import compose_config, make_image_folder, tiny_overrides
@@ -69,14 +70,14 @@ def by_content(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_val_from_shards_matches_the_folder(folder: Path, shards: dict[str, Path], tmp_path: Path, fmt: str) -> None:
-    reference = by_content(*epoch(backend_for(folder, tmp_path).loader("val", 4, 0, 1, seed=0)))
+    reference = by_content(*epoch(backend_for(folder, tmp_path).loader(LoaderSpec("val", 4))))
     backend = backend_for(shards[fmt], tmp_path, f"data.format={fmt}")
     assert backend.classes == ["class_0", "class_1", "class_2"]
-    images, labels = by_content(*epoch(backend.loader("val", 4, 0, 1, seed=0)))
+    images, labels = by_content(*epoch(backend.loader(LoaderSpec("val", 4))))
     assert labels.tolist() == reference[1].tolist() == _val_labels(folder)
     assert torch.allclose(images, reference[0])
     # Two ranks: each val record exactly once across them, no padding (21 records: 10 + 11).
-    parts = [epoch(backend.loader("val", 4, rank, 2, seed=0)) for rank in range(2)]
+    parts = [epoch(backend.loader(LoaderSpec("val", 4, rank, 2, seed=0))) for rank in range(2)]
     assert [len(labels) for _, labels in parts] == [10, 11]
     images, labels = by_content(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
     assert labels.tolist() == reference[1].tolist() and torch.allclose(images, reference[0])
@@ -103,7 +104,7 @@ def test_train_over_two_ranks(
     trace = tmp_path / "trace"
     root, extra = (folder, ()) if fmt == "folder" else (shards[fmt], (f"data.format={fmt}",))
     backend = backend_for(root, tmp_path, *extra, f"data.trace_dir={trace}", f"data.dali_train_resize={resize}")
-    loaders = [backend.loader("train", batch, rank, 2, seed=0) for rank in range(2)]
+    loaders = [backend.loader(LoaderSpec("train", batch, rank, 2, seed=0)) for rank in range(2)]
     assert len(loaders[0]) == len(loaders[1]) == steps  # equal steps on every rank (DDP would hang otherwise)
     epochs, read = 3, steps * batch  # records a rank reads an epoch
     for _ in range(epochs):
@@ -131,11 +132,11 @@ def test_tfrecord_label_base(folder: Path, shards: dict[str, Path], tmp_path: Pa
     (tf1 / "manifest.json").unlink()
     for root, extra in ((shards["tfrecord"], ()), (tf1, ("data.num_classes=3",))):
         backend = backend_for(root, tmp_path / "cache", "data.format=tfrecord", *extra)
-        _, labels = epoch(backend.loader("val", 4, 0, 1, seed=0))
+        _, labels = epoch(backend.loader(LoaderSpec("val", 4)))
         assert sorted(labels.tolist()) == _val_labels(folder)  # 0..2, not 1..3
     wrong = backend_for(tf1, tmp_path / "cache", "data.format=tfrecord", "data.num_classes=3", "data.label_base=0")
     with pytest.raises(DataError, match="data.label_base=0") as info:
-        epoch(wrong.loader("val", 4, 0, 1, seed=0))
+        epoch(wrong.loader(LoaderSpec("val", 4)))
     assert "\n" not in str(info.value) and "validation-0000" in str(info.value)
 
 
@@ -150,7 +151,7 @@ def test_bad_record_skipped_or_stops_naming_the_shard(folder: Path, tmp_path: Pa
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     root = make_shards(source, tmp_path / "bad", fmt)
     backend = backend_for(root, tmp_path / "cache", f"data.format={fmt}")
-    _, labels = epoch(backend.loader("val", 4, 0, 1, seed=0))
+    _, labels = epoch(backend.loader(LoaderSpec("val", 4)))
     assert len(labels) == 20 and Counter(labels.tolist())[1] == 6  # the bad class_1 record dropped
     ((name, reason),) = backend.bad_images.files.items()
     assert name == f"{root}/validation-00001-of-00002{'.tar' if fmt == 'webdataset' else ''}:class_1/003" + (
@@ -159,10 +160,10 @@ def test_bad_record_skipped_or_stops_naming_the_shard(folder: Path, tmp_path: Pa
     assert reason.startswith("truncated")
     strict = backend_for(root, tmp_path / "cache", f"data.format={fmt}", "data.on_bad_image=error")
     with pytest.raises(DataError, match="validation-00001-of-00002") as info:
-        epoch(strict.loader("val", 4, 0, 1, seed=0))
+        epoch(strict.loader(LoaderSpec("val", 4)))
     assert "\n" not in str(info.value)
     with pytest.raises(DataError, match=r"train-0000\d-of-00003"):  # the train pipeline checks too
-        epoch(strict.loader("train", 3, 0, 1, seed=0))  # 11 batches of 3: every record
+        epoch(strict.loader(LoaderSpec("train", 3)))  # 11 batches of 3: every record
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -176,8 +177,8 @@ def test_missing_index_files_are_made_in_the_cache(shards: dict[str, Path], tmp_
     before = _snapshot(root)
     cache = tmp_path / "cache"
     backend = backend_for(root, cache, "data.format=tfrecord")
-    epoch(backend.loader("train", 4, 0, 1, seed=0))
-    epoch(backend.loader("val", 4, 0, 1, seed=0))
+    epoch(backend.loader(LoaderSpec("train", 4)))
+    epoch(backend.loader(LoaderSpec("val", 4)))
     assert _snapshot(root) == before  # nothing written, moved or touched in the data folder
     made = sorted(p.name for p in (cache / "dali_idx").rglob("*.idx"))
     assert made == sorted(f"{p.name}.idx" for p in root.iterdir() if p.name.startswith(("train-", "validation-")))
@@ -187,10 +188,12 @@ def test_a_rebuilt_loader_restarts_the_epoch_stream(shards: dict[str, Path], tmp
     # What a resume gets (docs/shards.md): a new pipeline reads the first epoch's stream again, from its
     # start, with the same number of batches; Lightning keeps the step count and the LR.
     backend = backend_for(shards["webdataset"], tmp_path, "data.format=webdataset")
-    loader = backend.loader("train", 4, 0, 2, seed=0)
+    loader = backend.loader(LoaderSpec("train", 4, 0, 2, seed=0))
     first = epoch(loader)
     epoch(loader)
-    again = epoch(backend_for(shards["webdataset"], tmp_path, "data.format=webdataset").loader("train", 4, 0, 2, 0))
+    again = epoch(
+        backend_for(shards["webdataset"], tmp_path, "data.format=webdataset").loader(LoaderSpec("train", 4, 0, 2, 0))
+    )
     assert torch.equal(first[1], again[1]) and torch.allclose(first[0], again[0])
 
 
@@ -222,8 +225,8 @@ def test_s3_shards_are_read_from_the_local_cache(
     cache = tmp_path / "cache"
     storage = [f"+data.storage_options.{k}={v}" for k, v in options.items()]
     backend = backend_for(url, cache, "data.format=tfrecord", *storage)
-    reference = by_content(*epoch(backend_for(folder, tmp_path).loader("val", 4, 0, 1, seed=0)))
-    images, labels = by_content(*epoch(backend.loader("val", 4, 0, 1, seed=0)))
+    reference = by_content(*epoch(backend_for(folder, tmp_path).loader(LoaderSpec("val", 4))))
+    images, labels = by_content(*epoch(backend.loader(LoaderSpec("val", 4))))
     assert labels.tolist() == reference[1].tolist() and torch.allclose(images, reference[0])
     # DALI read local copies: the shards under data.shard_cache/remote/s3/<bucket>/..., their index files made there.
     copied = cache / "remote" / "s3" / "imgcls-dali" / "tf"
@@ -248,5 +251,5 @@ def test_unreadable_shards_are_one_line(shards: dict[str, Path], tmp_path: Path)
     record.write_bytes(record.read_bytes()[:-100])
     for root, fmt, broken in ((wds, "webdataset", tar), (tf, "tfrecord", record)):
         with pytest.raises(DataError, match=f"^DALI could not read the data: .*{broken}") as info:
-            epoch(backend_for(root, tmp_path / "cache", f"data.format={fmt}").loader("val", 4, 0, 1, seed=0))
+            epoch(backend_for(root, tmp_path / "cache", f"data.format={fmt}").loader(LoaderSpec("val", 4)))
         assert "\n" not in str(info.value)

@@ -12,8 +12,9 @@ import torch
 import imgcls.train
 from imgcls.data.backends import make_backend
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.data.device_prefetch import copier_for, one_batch_ahead
 from imgcls.data.images import CheckedImageFolder
+from imgcls.data.protocol import LoaderSpec
+from imgcls.data.torchvision.device_prefetch import copier_for, one_batch_ahead
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.seeding import seeded
 from tests.conftest import compose_config, tiny_overrides
@@ -39,7 +40,7 @@ def test_uint8_batches_normalized_on_the_device_equal_worker_normalized_ones(ima
         with seeded(index):
             raw, same_label = uint8[index]
         assert raw.dtype == torch.uint8 and label == same_label
-        got = datamodule.normalize(raw.unsqueeze(0))[0]
+        got = datamodule.on_after_batch_transfer((raw.unsqueeze(0), torch.tensor([label])), 0)[0][0]
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)  # float rounding: a few ulps of |x| < 3
 
@@ -48,7 +49,7 @@ def test_the_loader_ships_a_quarter_of_float32s_bytes(image_folder: Path) -> Non
     data = _data(image_folder)
     backend = make_backend(data)
     for split in ("train", "val"):
-        images, labels = next(iter(backend.loader(split, 4, 0, 1, seed=0)))
+        images, labels = next(iter(backend.loader(LoaderSpec(split, 4))))
         assert images.dtype == torch.uint8 and labels.dtype == torch.int64
         assert images.element_size() * images.nelement() == 4 * 3 * 32 * 32  # debug=tiny: 32 px, a byte each
 
@@ -120,7 +121,7 @@ def test_synthetic_train_loader_resumes_with_the_steps_its_epoch_had_left() -> N
 
 
 class RecordingCopier:
-    """A CPU stand-in for data/device_prefetch.CudaCopies that records the order of copies and hand-overs."""
+    """A CPU stand-in for data/torchvision/device_prefetch.CudaCopies that records the order of copies and hand-overs."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
@@ -148,8 +149,8 @@ def test_a_loader_copying_ahead_saves_the_position_of_the_batch_the_trainer_has(
     """The side-stream copy takes batch N+1 from the workers during step N; a checkpoint after step N must still
     resume at N+1, with the same batches as an uninterrupted epoch (bitwise)."""
     data = _data(image_folder)
-    plain = make_backend(data).loader("train", 4, 0, 1, seed=3)
-    ahead = make_backend(data).loader("train", 4, 0, 1, seed=3)
+    plain = make_backend(data).loader(LoaderSpec("train", 4, seed=3))
+    ahead = make_backend(data).loader(LoaderSpec("train", 4, seed=3))
     ahead.copier = RecordingCopier()
     whole = list(plain)
     states, taken = [], []
@@ -158,7 +159,7 @@ def test_a_loader_copying_ahead_saves_the_position_of_the_batch_the_trainer_has(
         states.append(ahead.state_dict())
     assert len(taken) == len(whole) == 12 and all(torch.equal(a[0], b[0]) for a, b in zip(taken, whole))
     assert [s["consumed"] for s in states] == [4 * (k + 1) for k in range(12)]
-    resumed = make_backend(data).loader("train", 4, 0, 1, seed=3)
+    resumed = make_backend(data).loader(LoaderSpec("train", 4, seed=3))
     resumed.copier = RecordingCopier()
     resumed.load_state_dict(states[4])  # a checkpoint after the 5th step
     rest = list(resumed)
@@ -167,5 +168,5 @@ def test_a_loader_copying_ahead_saves_the_position_of_the_batch_the_trainer_has(
 
 def test_a_loader_copies_ahead_only_to_a_cuda_device(image_folder: Path) -> None:
     backend = make_backend(_data(image_folder))
-    assert backend.loader("train", 4, 0, 1, seed=0, device=torch.device("cpu")).copier is None
+    assert backend.loader(LoaderSpec("train", 4, device=torch.device("cpu"))).copier is None
     assert copier_for(None) is None and copier_for(torch.device("cpu")) is None

@@ -11,6 +11,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from imgcls.data.backends import make_backend
+from imgcls.data.protocol import LoaderSpec
 from imgcls.data.transforms import val_resize_size, val_transform
 from tests.conftest import compose_config, make_image_folder
 
@@ -64,7 +65,7 @@ def test_dali_val_pipeline_resizes_like_torchvision(
         return real(**kwargs)
 
     monkeypatch.setattr(dali_backend, "val_pipeline", recording)
-    loader = make_backend(cfg.data).loader("val", 4, 0, 1, seed=0)
+    loader = make_backend(cfg.data).loader(LoaderSpec("val", 4))
     dali = torch.cat([batch[0].float().cpu() for batch in loader])
     assert seen == [resize] and dali.shape == (4, 3, size, size)
     transform = val_transform(cfg.data)

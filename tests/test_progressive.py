@@ -67,7 +67,9 @@ def test_loader_size_follows_the_epoch(folder: Path, backend: str, resize: str) 
     )  # fmt: skip
     cfg = compose_config(overrides)
     datamodule = ClassificationDataModule(cfg.data, batch_size=4)
-    trainer = SimpleNamespace(current_epoch=0, global_rank=0, world_size=1, reload_dataloaders_every_n_epochs=0)
+    trainer = SimpleNamespace(
+        current_epoch=0, global_rank=0, world_size=1, reload_dataloaders_every_n_epochs=0, limit_train_batches=1.0
+    )
     datamodule.trainer = trainer
     datamodule.setup("fit")
     assert trainer.reload_dataloaders_every_n_epochs == 1  # Lightning asks for a loader every epoch

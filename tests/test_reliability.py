@@ -18,7 +18,7 @@ import torch
 
 from imgcls.checkpoint import AtomicCheckpointIO
 from imgcls.cli import guarded
-from imgcls.data.samplers import RankSampler, ResumableDataLoader
+from imgcls.data.torchvision.samplers import RankSampler, ResumableDataLoader
 from imgcls.errors import StorageError
 from imgcls.train import run
 from tests import warm_python

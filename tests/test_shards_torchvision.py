@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from imgcls.data.backends import ShardBackend, make_backend
+from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards import tfrecord, webdataset
 from imgcls.data.shards.convert import convert
 from imgcls.data.shards.epoch_plan import epoch_plan, loader_order, rank_range
@@ -192,12 +193,12 @@ def test_worker_chunks_are_contiguous_and_the_round_robin_keeps_them_apart() -> 
 
 @pytest.mark.slow
 def test_val_loader_yields_the_folders_images_and_labels(folder: Path, converted: Path) -> None:
-    reference = make_backend(data_cfg(folder)).loader("val", 4, 0, 1, 0)
+    reference = make_backend(data_cfg(folder)).loader(LoaderSpec("val", 4))
     backend = make_backend(data_cfg(converted, "data.num_workers=2"))
     assert backend.shard_set.label_base == (1 if _format(converted) == "tfrecord" else 0)
     assert isinstance(backend, ShardBackend) and backend.classes == ["class_0", "class_1", "class_2"]
     one = [(h, int(y)) for x, ys in batches(reference) for h, y in zip(fingerprint(x), ys)]
-    two = [(h, int(y)) for x, ys in batches(backend.loader("val", 4, 0, 1, 0)) for h, y in zip(fingerprint(x), ys)]
+    two = [(h, int(y)) for x, ys in batches(backend.loader(LoaderSpec("val", 4))) for h, y in zip(fingerprint(x), ys)]
     assert len(one) == 15 and sorted(two) == sorted(one)  # the same decoded, transformed tensors and labels
     assert len({h for h, _ in one}) == 15  # and the images differ, so this compares something
 
@@ -213,7 +214,7 @@ def test_train_epoch_over_two_ranks_and_two_workers(shards: Path) -> None:
     assert len(by_hash) == 35
     seen = []
     for rank in range(2):
-        got = batches(backend.loader("train", 4, rank, 2, 0))
+        got = batches(backend.loader(LoaderSpec("train", 4, rank, 2, 0)))
         assert len(got) == 4 and all(len(y) == 4 for _, y in got)
         for images, labels in got:
             for h, y in zip(fingerprint(images), labels.tolist()):
@@ -230,7 +231,7 @@ def test_resume_after_k_batches_continues_with_the_uninterrupted_batches(shards:
     from imgcls.data.datamodule import ClassificationDataModule
 
     cfg = data_cfg(shards, "data.num_workers=2", "data.hflip=0.5")
-    full = make_backend(cfg).loader("train", 4, 0, 1, 0)
+    full = make_backend(cfg).loader(LoaderSpec("train", 4))
     full.sampler.set_epoch(1)
     expected = batches(full)
     first = ClassificationDataModule(cfg, batch_size=4)
@@ -238,14 +239,14 @@ def test_resume_after_k_batches_continues_with_the_uninterrupted_batches(shards:
     loader.sampler.set_epoch(1)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches(loader, 3), expected))
     state = first.state_dict()
-    assert state == {"train_loader": {"epoch": 1, "consumed": 12}}
+    assert state == {"train_loader": {"epoch": 1, "consumed": 12}, "epoch": 0}  # the trainer's epoch: none here
     resumed = ClassificationDataModule(cfg, batch_size=4)
     resumed.load_state_dict(state)
     rest = batches(resumed.train_dataloader())
     assert len(rest) == len(expected) - 3 == 5  # 35 // 4 = 8 batches an epoch
     for (x, y), (ex, ey) in zip(rest, expected[3:]):
         assert torch.equal(x, ex) and torch.equal(y, ey)
-    assert resumed.state_dict() == {"train_loader": {"epoch": 1, "consumed": 32}}
+    assert resumed.state_dict() == {"train_loader": {"epoch": 1, "consumed": 32}, "epoch": 0}
 
 
 @pytest.mark.slow
@@ -256,10 +257,10 @@ def test_label_base_one_tfrecords_without_manifest(folder: Path, tmp_path: Path)
     write_shards(folder_records(folder, "train"), tmp_path, "tfrecord", [20, 15], "train", label_base=1)
     write_shards(folder_records(folder, "val"), tmp_path, "tfrecord", [8, 7], "validation", label_base=1)
     backend = make_backend(data_cfg(tmp_path, "data.num_classes=3", "data.num_workers=2"))
-    labels = torch.cat([y for _, y in batches(backend.loader("val", 4, 0, 1, 0))])
+    labels = torch.cat([y for _, y in batches(backend.loader(LoaderSpec("val", 4)))])
     assert sorted(labels.tolist()) == [0] * 5 + [1] * 5 + [2] * 5
     wrong = make_backend(data_cfg(tmp_path, "data.num_classes=3", "data.num_workers=2", "data.label_base=0"))
-    message = error_of(wrong.loader("val", 4, 0, 1, 0))
+    message = error_of(wrong.loader(LoaderSpec("val", 4)))
     assert "data.label_base" in message and "validation-00001-of-00002:class_2/" in message and "\n" not in message
 
 
@@ -281,7 +282,7 @@ def with_bad_record(folder: Path, tmp_path: Path) -> tuple[Path, str]:
 def test_bad_record_is_skipped_and_recorded_like_a_bad_file(with_bad_record: tuple[Path, str]) -> None:
     root, where = with_bad_record
     backend = make_backend(data_cfg(root, "data.num_workers=2"))
-    got = batches(backend.loader("train", 5, 0, 1, 0))
+    got = batches(backend.loader(LoaderSpec("train", 5)))
     assert sum(len(y) for _, y in got) == 34  # 35 in 7 batches of 5, minus the bad one
     assert list(backend.bad_images.files) == [where]
 
@@ -290,7 +291,7 @@ def test_bad_record_is_skipped_and_recorded_like_a_bad_file(with_bad_record: tup
 def test_bad_record_stops_the_run_naming_shard_and_record(with_bad_record: tuple[Path, str]) -> None:
     root, where = with_bad_record
     backend = make_backend(data_cfg(root, "data.num_workers=2", "data.on_bad_image=error"))
-    message = error_of(backend.loader("train", 5, 0, 1, 0))
+    message = error_of(backend.loader(LoaderSpec("train", 5)))
     assert message.startswith(where + " is not a decodable image") and "data.on_bad_image=error" in message
     assert "\n" not in message
 
@@ -310,7 +311,7 @@ def test_a_shard_shorter_than_its_listing_and_too_few_samples_are_one_line(folde
     splits["val"] = [(splits["val"][0][0], 16)]  # the manifest promises one record more than the shard holds
     write_manifest(tmp_path, manifest_document("webdataset", 0, ["class_0", "class_1", "class_2"], splits))
     backend = make_backend(data_cfg(tmp_path))
-    message = error_of(backend.loader("val", 4, 0, 1, 0))
+    message = error_of(backend.loader(LoaderSpec("val", 4)))
     assert message == f"shard {tmp_path / 'validation-00000-of-00001.tar'} holds 15 records, its listing says 16"
     with pytest.raises(DataError, match=r"has 35 train samples, fewer than one batch on each rank \(2 x "):
-        backend.loader("train", 32, 0, 2, 0)
+        backend.loader(LoaderSpec("train", 32, 0, 2, 0))

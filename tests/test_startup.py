@@ -18,6 +18,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from imgcls.bench import startup
 from imgcls.data.backends import make_backend
+from imgcls.data.protocol import LoaderSpec
 from tests.conftest import compose_config, make_image_folder, tiny_overrides
 
 pytest.importorskip("nvidia.dali")
@@ -56,11 +57,11 @@ def test_dali_start_opens_only_the_files_of_its_first_batches(
     root = make_image_folder(tmp_path / "data", classes=12, train_per_class=20, val_per_class=1)
     cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", "data.num_workers=1")).data
     if start == "resumed":  # the first start's backend and loader, stopped as in a process that ended
-        first = make_backend(cfg).loader("train", 8, rank=0, world_size=1, seed=0)
+        first = make_backend(cfg).loader(LoaderSpec("train", 8))
         next(iter(first))
         first.close()  # else its prefetching pipeline can still be checking files once counting starts (CI: 40)
     calls = _count_checks(monkeypatch)
-    loader = make_backend(cfg).loader("train", 8, rank=0, world_size=1, seed=0)
+    loader = make_backend(cfg).loader(LoaderSpec("train", 8))
     images, labels = next(iter(loader))
     assert len(labels) == 8
     prefetch = int(cfg.prefetch_factor)
@@ -202,7 +203,7 @@ def test_train_reader_holds_no_shuffle_buffer(tmp_path: Path, monkeypatch: pytes
     file_bytes = sum(p.stat().st_size for p in (root / "train").rglob("*.jpg")) / 300
     cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", "data.num_workers=1")).data
     backend = make_backend(cfg)
-    next(iter(backend.loader("val", 8, rank=0, world_size=1, seed=0)))  # DALI's first pipeline: imports done
+    next(iter(backend.loader(LoaderSpec("val", 8))))  # DALI's first pipeline: imports done
     given: list[dict] = []
     reader = fn.readers.file
 
@@ -212,7 +213,7 @@ def test_train_reader_holds_no_shuffle_buffer(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(fn.readers, "file", recording)
     before = _bytes_read()
-    loader = backend.loader("train", 8, rank=0, world_size=1, seed=0)
+    loader = backend.loader(LoaderSpec("train", 8))
     read = (_bytes_read() - before) / file_bytes
     assert given[0]["shuffle_after_epoch"] is True and not given[0].get("random_shuffle")
     assert read < 8 * (int(cfg.prefetch_factor) + 4) < 300  # the list file itself is small: 300 lines
@@ -231,7 +232,7 @@ def test_train_epochs_are_fresh_permutations_of_the_run_seed(tmp_path: Path) -> 
         cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", f"data.trace_dir={trace}")).data
         backend = make_backend(cfg)
         for rank in range(2):
-            loader = backend.loader("train", 4, rank, 2, seed=seed)
+            loader = backend.loader(LoaderSpec("train", 4, rank, 2, seed=seed))
             for _ in range(3):
                 list(loader)
         orders[seed] = [
@@ -243,7 +244,7 @@ def test_train_epochs_are_fresh_permutations_of_the_run_seed(tmp_path: Path) -> 
     assert orders[0] != orders[1]
     cfg = compose_config(tiny_overrides(root, "data.backend=dali_cpu", f"data.trace_dir={tmp_path / 'again'}")).data
     again = make_backend(cfg)
-    list(again.loader("train", 4, 0, 2, seed=0))
+    list(again.loader(LoaderSpec("train", 4, 0, 2, seed=0)))
     assert (tmp_path / "again" / "train_rank0_epoch0.txt").read_text().split() == orders[0][0][:12]
 
 
@@ -299,12 +300,13 @@ import time
 import torch
 from imgcls.data.backends import make_backend
 from imgcls.data.dali.loader import ring_slots
+from imgcls.data.protocol import LoaderSpec
 from tests.conftest import compose_config, tiny_overrides
 def rss():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
 cfg = compose_config(tiny_overrides({str(root)!r}, "data.backend=dali_cpu", "data.dali_train_resize=torch",
                                     "model.image_size=64")).data
-loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+loader = make_backend(cfg).loader(LoaderSpec("train", 4))
 ring = loader.host_resize.ring
 assert ring.slots == ring_slots(loader.prefetch) == 4, ring.slots
 batches = iter(loader)

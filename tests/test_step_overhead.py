@@ -24,7 +24,7 @@ from imgcls.callbacks.order import training_callbacks
 from imgcls.callbacks.report import ReportCallback
 from imgcls.config_checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.data.samplers import RankSampler
+from imgcls.data.torchvision.samplers import RankSampler
 from imgcls.ema import ModelEma
 from imgcls.errors import ConfigError
 from imgcls.module import ClassificationModule

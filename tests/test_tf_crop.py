@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
+from imgcls.data.protocol import LoaderSpec
 from imgcls.data.tf_crop import OBJECT_BOXES_INFO, DistortedCrop, TFDistortedCrop, sample_window
 from imgcls.data.transforms import train_transform
 from tests.conftest import compose_config, make_image_folder, tiny_overrides
@@ -224,7 +226,9 @@ def test_dali_crops_of_the_tf_recipes_never_go_under_a_tenth(tmp_path: Path, res
     root = make_image_folder(tmp_path / "big", classes=1, train_per_class=2, val_per_class=1, size=(400, 300))
     cfg = _dali_cfg(root, f"data.dali_train_resize={resize}")
     assert cfg.train_crop == "tf"
-    loader = make_backend(cfg).loader("train", 2, 0, 1, seed=3, with_crop_shape=True)
+    backend = make_backend(cfg)
+    backend.settings = replace(backend.settings, with_crop_shape=True)  # the crops' shapes as an output
+    loader = backend.loader(LoaderSpec("train", 2, seed=3))
     shapes = torch.cat([next(iter(loader))[2] for _ in range(150)]).double()  # (h, w, c) of each crop
     area = shapes[:, 0] * shapes[:, 1] / (400 * 300)
     aspect = shapes[:, 1] / shapes[:, 0]
@@ -264,7 +268,7 @@ def test_dali_reads_tf1s_object_boxes_from_the_records(tmp_path: Path) -> None:
             root, "data.format=tfrecord", f"data.shard_cache={tmp_path / 'cache'}", "data.hflip=0",
             "data.dali_train_resize=dali", f"data.train_crop_object_boxes={boxes}", "data.num_classes=1",
         )  # fmt: skip
-        loader = make_backend(cfg).loader("train", 4, 0, 1, seed=0)
+        loader = make_backend(cfg).loader(LoaderSpec("train", 4))
         images = torch.cat([next(iter(loader))[0] for _ in range(40)])
         red_share[boxes] = (images[:, 0] > images[:, 2]).float().mean(dim=(1, 2))
     assert red_share[True].min() > 0.01, red_share[True].min()

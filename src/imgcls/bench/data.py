@@ -263,8 +263,9 @@ RESIZES: dict[str, TimedResize] = {}  # row -> its timed torch resize
 def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str, row: str | None = None) -> Any:
     """One of this project's backends, as configured by `data=folder` plus EXTRA overrides."""
     from imgcls.data.backends import make_backend
+    from imgcls.data.protocol import LoaderSpec
 
-    loader = make_backend(data_config(root, args, backend, *extra)).loader("train", args["batch_size"], 0, 1, seed=0)
+    loader = make_backend(data_config(root, args, backend, *extra)).loader(LoaderSpec("train", args["batch_size"]))
     if row and getattr(loader, "host_resize", None) is not None:
         loader.host_resize = RESIZES[row] = TimedResize(loader.host_resize)
     return lambda: loader

@@ -83,6 +83,7 @@ class _Parts:
 
 def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     from imgcls.data.datamodule import ClassificationDataModule
+    from imgcls.data.protocol import LoaderSpec
     from imgcls.module import ClassificationModule
     from imgcls.optimizer import build_optimizer, parameter_groups
     from imgcls.plan import resolve_plan
@@ -100,7 +101,7 @@ def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     net = module.net.to(device)
     if cfg.get("compile"):
         net.compile()
-    images, labels = datamodule.backend.loader("train", plan.per_device_batch, 0, 1, 0, device=device).batch()
+    images, labels = datamodule.backend.loader(LoaderSpec("train", plan.per_device_batch, device=device)).batch()
     optimizer = build_optimizer(parameter_groups(net, plan.weight_decay), module.recipe, plan.lr)
     scheduler = build_scheduler(optimizer, total_steps=total_steps, warmup_steps=0, end_lr=0.0)
     half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(str(cfg.precision.name))

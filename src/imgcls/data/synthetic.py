@@ -12,6 +12,10 @@ from typing import Any
 
 import torch
 
+from imgcls.data.bad_images import BadImageLog
+from imgcls.data.protocol import LoaderSpec
+from imgcls.errors import ConfigError
+
 
 class SyntheticBatches:
     """`steps` batches a pass, all the same tensors: normal images (already "normalized", float32, channels_last when
@@ -70,3 +74,33 @@ class SyntheticBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         taken = int(state.get("consumed_steps", 0))
         self._skip = taken if taken < self.steps else 0  # an epoch saved at its end: the next starts whole
+
+
+class SyntheticBackend:
+    """data.backend=synthetic: SyntheticBatches for each split and rank, no input pipeline (NVIDIA --data-backend
+    synthetic)."""
+
+    def __init__(self, cfg: Any) -> None:
+        if not cfg.get("num_classes"):
+            raise ConfigError("data.num_classes must be set for the synthetic backend (e.g. 1000)")
+        self.cfg = cfg
+        self.classes = [str(i) for i in range(int(cfg.num_classes))]
+        self.bad_images = BadImageLog("skip")  # generated tensors: never a bad file, but the same interface
+
+    def loader(self, spec: LoaderSpec) -> SyntheticBatches:
+        # Progressive resizing does not apply: synthetic images keep the model's size.
+        training = spec.split == "train"
+        count = int(self.cfg.get("train_samples" if training else "val_samples") or 1024)
+        per_rank = count // spec.world_size
+        steps = per_rank // spec.batch_size if training else -(-per_rank // spec.batch_size)  # train: no partial
+        loader = SyntheticBatches(
+            max(steps, 1), spec.batch_size, int(self.cfg.image_size), len(self.classes),
+            seed=spec.seed * 1_000_003 + 2 * spec.rank + (0 if training else 1),  # a fresh batch per split and rank
+            channels_last=bool(self.cfg.get("channels_last")), device=spec.device,
+        )  # fmt: skip
+        if training and spec.resume:
+            loader.load_state_dict(spec.resume)
+        return loader
+
+    def on_device(self, batch: Any) -> Any:
+        return batch  # made normalized on the device

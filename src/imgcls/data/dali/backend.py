@@ -1,6 +1,6 @@
 """The dali_cpu / dali_gpu data backends: DALI pipelines behind the same loader interface as torchvision.
 
-`DaliBackend.loader()` builds a pipeline (pipelines.py) for one rank and wraps DALI's
+`DaliBackend.loader()` builds a pipeline (pipelines.py) for one rank's LoaderSpec (data/protocol.py) and wraps DALI's
 `DALIGenericIterator` (or `DALIRaggedIterator` when the torch resize of host_resize.py takes the crops) in
 `DaliLoader` (loader.py), the thin Lightning adapter. The adapter is hand-written because
 Lightning has no DALI integration (Lightning #791, won't fix) and DALI's iterator alone breaks under it:
@@ -30,53 +30,47 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from imgcls.data.augment import parse_randaugment
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.dali.batch_ring import BatchRing
 from imgcls.data.dali.host_resize import HostResize, resize_on_host
 from imgcls.data.dali.loader import Catalog, DaliLoader, reader_error, ring_slots
 from imgcls.data.dali.pipelines import FolderSource, ShardSource, interp_type, train_pipeline, val_pipeline
 from imgcls.data.dali.records import ShardCatalog, shuffle_fill
+from imgcls.data.dali.settings import DaliSettings
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.remote import local_copies
 from imgcls.data.shards.tfrecord import dali_index_files
-from imgcls.data.tf_crop import crop_spec
 from imgcls.data.transforms import val_resize_size
 from imgcls.distributed import made_once
 from imgcls.errors import ConfigError, DataError
 from imgcls.seeding import dali_list_order, dali_pipeline_seed
+
+log = logging.getLogger(__name__)
 
 
 class DaliBackend:
     """An ImageFolder layout or shard files (data.format) read by DALI. device="cpu" (dali_cpu) or "gpu"
     (dali_gpu: nvJPEG + GPU resize)."""
 
-    builds_at_position = True  # loader(position=...): a resumed train loader restored in its first build
-
     def __init__(self, cfg: Any, device: str = "cpu") -> None:
         if device == "gpu" and not torch.cuda.is_available():
             raise ConfigError("data.backend=dali_gpu needs a CUDA GPU and this machine has none; use dali_cpu")
         self.cfg = cfg
-        self.gpu = device == "gpu"
         interp_type(str(cfg.interpolation))  # fail early on an interpolation DALI lacks
-        threads = cfg.get("dali_resize_threads")
-        if threads is not None and (not isinstance(threads, int) or threads < 0):  # 0 or 1: one thread
-            raise ConfigError(f"data.dali_resize_threads={threads} must be a whole number >= 0 (default: num_workers)")
-        prefetch = cfg.get("dali_host_prefetch", 1)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-            raise ConfigError(f"data.dali_host_prefetch={prefetch} must be a whole number >= 0 (0: no thread)")
-        self.host_prefetch = prefetch
+        # What the pipelines and the loader read of the config, once; a test may replace it (with_crop_shape).
+        self.settings = DaliSettings.from_config(cfg, gpu=device == "gpu")
         self.format = str(cfg.get("format") or "folder")
         if self.format == "folder":
             self.shards = None
@@ -87,6 +81,14 @@ class DaliBackend:
             self.classes = list(self.shards.classes)
         self._files: dict[str, FileList | ShardCatalog] = {}
         self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
+        self._warned_world = False
+
+    @property
+    def gpu(self) -> bool:
+        return self.settings.gpu
+
+    def on_device(self, batch: Any) -> Any:
+        return batch  # normalized by the pipeline (CMN) or the torch resize already
 
     def files(self, split: str) -> FileList | ShardCatalog:
         """A folder: the split's files and classes in ImageFolder's order (the same walk, so the same labels).
@@ -121,50 +123,18 @@ class DaliBackend:
         fill = shuffle_fill(len(files) // world_size)
         return ShardSource(self.format, tuple(paths), tuple(index_paths), fill)
 
-    def loader(
-        self,
-        split: str,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        image_size: int | None = None,
-        augment_magnitude: int | None = None,
-        with_crop_shape: bool = False,
-        first_epoch: int = 0,
-        position: dict[str, Any] | None = None,
-        device: Any = None,  # the training device: DALI's pipelines place their output on device_id themselves
-    ) -> DaliLoader:
-        """`first_epoch`: the epoch this loader starts at when it is built for a later epoch than the run's first
-        (a progressive-resizing stage, a resumed run): its list order and pipeline seed derive from it
-        (seeding.dali_pipeline_seed), so that it does not replay epoch 0's order and augmentation draws.
-        `position`: a resumed run's DaliLoader.position(): the train pipeline is built from its DALI checkpoint and
-        the loader goes on from there, with the list order and seed of the loader that saved it (the checkpoint
-        points into that order), whatever `first_epoch` says; a position at the end of an epoch the trainer left
-        early (DaliLoader.position's `early`) starts the next epoch fresh, as the loader that saved it would have.
-        Ignored when empty, when the reader does not checkpoint, or when saved by a loader of another signature
-        (another progressive-resizing size, another per-device batch): the loader then starts fresh at
-        `first_epoch`."""
-        cfg = self.cfg
-        size = int(image_size or cfg.image_size)
-        checkpointing = split == "train" and bool(cfg.get("dali_checkpointing", True))
-        signature = (split, size, augment_magnitude, with_crop_shape, batch_size)
-        usable = (
-            checkpointing
-            and position
-            and list(position.get("signature", ())) == list(signature)
-            and position.get("first_epoch") is not None
-        )
-        if usable and position.get("done") and position.get("early"):  # type: ignore[union-attr]
-            first_epoch = int(position["first_epoch"]) + int(position["epoch"]) + 1  # type: ignore[index]
-            position = None  # nothing of the saved pipeline is needed (DaliLoader._finish_epoch)
-        elif usable:
-            first_epoch = int(position["first_epoch"])  # type: ignore[index]
-        else:
-            position = None  # another graph (e.g. another progressive size or batch): a fresh start
-        files = self.files(split)
+    def loader(self, spec: LoaderSpec) -> DaliLoader:
+        """One rank's loader of SPEC. Its list order and pipeline seed derive from `spec.first_epoch`
+        (seeding.dali_pipeline_seed), so that a loader built for a later epoch than the run's first (a
+        progressive-resizing stage, a resumed run) does not replay epoch 0's order and augmentation draws.
+        `spec.resume` (a train loader's state_dict(): every rank's position) is read by _start."""
+        size = int(spec.image_size or self.settings.image_size)
+        signature = (spec.split, size, spec.augment_magnitude, self.settings.with_crop_shape, spec.batch_size)
+        first_epoch, position = self._start(spec, signature)
+        files = self.files(spec.split)
+        split, rank, world_size, seed = spec.split, spec.rank, spec.world_size, spec.seed
         if len(files) < world_size:
-            where = split_dir(cfg.root, split) if self.shards is None else f"{cfg.root} ({split} shards)"
+            where = split_dir(self.cfg.root, split) if self.shards is None else f"{self.cfg.root} ({split} shards)"
             raise DataError(f"{where} has {len(files)} images, fewer than {world_size} ranks")
         if isinstance(files, ShardCatalog):
             # DALI's shard readers split the records among the ranks themselves (pipelines._read_records).
@@ -176,112 +146,123 @@ class DaliBackend:
             opened = functools.partial(_listed, files, split, rank, world_size, seed)
             # Train: every rank's reader gets the whole list and reads its part; val: only its part (_listed).
             part = (rank, world_size) if split == "train" else (0, 1)
-        return self._loader(files, opened, split, batch_size, rank, world_size, seed, size, augment_magnitude,
-                            with_crop_shape, part, first_epoch, position, checkpointing, signature)  # fmt: skip
+        return self._loader(files, opened, spec, size, part, first_epoch, position, signature)
+
+    def _start(self, spec: LoaderSpec, signature: tuple) -> tuple[int, dict[str, Any] | None]:
+        """(first epoch, this rank's position to build at or None) of a loader of SPEC.
+
+        A resumed train loader is built at its rank's saved position, with the list order and seed of the loader
+        that saved it (the DALI checkpoint points into that order), whatever `first_epoch` says; a position at the
+        end of an epoch the trainer left early (DaliLoader.position's `early`) starts the next epoch fresh, as the
+        loader that saved it would have. A position saved by another number of ranks, by a loader of another
+        signature (another progressive-resizing size, another per-device batch), or none at all
+        (data.dali_checkpointing=false) gives a fresh loader, seeded from the epoch the run resumes in: the saved
+        epoch, or the next one where every saved position had ended its epoch (a checkpoint at an epoch's end)."""
+        first_epoch = spec.first_epoch
+        state = spec.resume if spec.split == "train" else None
+        if not state:
+            return first_epoch, None
+        positions = list(state.get("positions", state.get("dali")) or [])  # "dali": an earlier imgcls's layout
+        if state.get("epoch") is not None:
+            ended = bool(positions) and all(p and p.get("done") for p in positions)
+            first_epoch = max(first_epoch, int(state["epoch"]) + int(ended))
+        position = None
+        if positions and len(positions) != spec.world_size:
+            if not self._warned_world:
+                log.warning(
+                    "resuming %d ranks from %d: the DALI readers start epoch %d again instead of at the saved batch",
+                    spec.world_size, len(positions), first_epoch,
+                )  # fmt: skip
+                self._warned_world = True
+        elif positions:
+            position = positions[spec.rank]
+        usable = (
+            self.settings.checkpoints(spec.split)
+            and position
+            and list(position.get("signature", ())) == list(signature)
+            and position.get("first_epoch") is not None
+        )
+        if not usable:
+            return first_epoch, None  # another graph (e.g. another progressive size or batch): a fresh start
+        if position.get("done") and position.get("early"):  # type: ignore[union-attr]
+            # Nothing of the saved pipeline is needed (DaliLoader._finish_epoch): the next epoch, fresh.
+            return int(position["first_epoch"]) + int(position["epoch"]) + 1, None  # type: ignore[index]
+        return int(position["first_epoch"]), position  # type: ignore[index]
 
     def _loader(
         self,
         files: Catalog,
         opened: Callable[[int], AbstractContextManager],
-        split: str,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
+        spec: LoaderSpec,
         size: int,
-        augment_magnitude: int | None,
-        with_crop_shape: bool,
         part: tuple[int, int],
         first_epoch: int,
         position: dict[str, Any] | None,
-        checkpointing: bool,
         signature: tuple,
     ) -> DaliLoader:
-        cfg = self.cfg
-        training = split == "train"
+        settings = self.settings
+        training = spec.split == "train"
+        checkpointing = settings.checkpoints(spec.split)
         common = {
+            "settings": settings,
             "shard_id": part[0],  # the reader's part of the samples, DALI's shard (loader)
             "num_shards": part[1],
             "size": size,
-            "gpu": self.gpu,
-            "interpolation": str(cfg.interpolation),
-            "mean": list(cfg.mean),
-            "std": list(cfg.std),
-            # channels_last: CMN writes HWC and the adapter returns an NCHW view with NHWC strides.
-            "layout": "HWC" if cfg.get("channels_last") else "CHW",
-            "fp16": bool(cfg.get("dali_fp16")),
-            "batch_size": batch_size,
-            "num_threads": max(1, int(cfg.num_workers)),
+            "batch_size": spec.batch_size,
+            "num_threads": settings.num_threads,
             # dali_cpu never touches CUDA (device_id=None), so it also runs on machines without a GPU.
-            "device_id": torch.cuda.current_device() if self.gpu else None,
-            "prefetch_queue_depth": max(1, int(cfg.prefetch_factor or 2)),
+            "device_id": torch.cuda.current_device() if settings.gpu else None,
+            "prefetch_queue_depth": settings.prefetch_queue_depth,
         }
         host_resize: HostResize | None = None
-        if training and resize_on_host(
-            str(cfg.get("dali_train_resize") or "auto"), self.gpu, cfg.augment, str(cfg.interpolation), size
-        ):
+        choice = settings.train_resize
+        if training and resize_on_host(choice, settings.gpu, settings.augment, settings.interpolation, size):
             host_resize = HostResize(
                 size,
-                str(cfg.interpolation),
-                antialias=bool(cfg.get("dali_train_antialias")),
-                mean=list(cfg.mean),
-                std=list(cfg.std),
-                fp16=common["fp16"],
-                pin_memory=bool(cfg.get("pin_memory")),
-                threads=cfg.get("dali_resize_threads") or 1,
-                ring=BatchRing(ring_slots(self.host_prefetch)),  # as many as the loader's queue keeps alive
+                settings.interpolation,
+                antialias=settings.antialias,
+                mean=settings.mean,
+                std=settings.std,
+                fp16=settings.fp16,
+                pin_memory=settings.pin_memory,
+                threads=settings.resize_threads,
+                ring=BatchRing(ring_slots(settings.host_prefetch)),  # as many as the loader's queue keeps alive
             )
         # Reader checkpointing (DALI's reader place and random states, for a resume at the exact batch:
         # loader.DaliLoader.position): 0.2 ms a batch, and a second copy of the names in the reader.
         if training:
-            randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
-            if augment_magnitude is not None:
-                randaugment = (randaugment[0], int(augment_magnitude))
+            randaugment = settings.randaugment
+            if spec.augment_magnitude is not None:
+                randaugment = (randaugment[0], int(spec.augment_magnitude))
             make: Callable[..., Any] = functools.partial(
                 train_pipeline,
                 **common,
-                crop_scale=list(cfg.train_crop_scale),
-                crop_ratio=list(cfg.train_crop_ratio),
-                hflip=float(cfg.hflip),
-                antialias=bool(cfg.get("dali_train_antialias")),
-                augment=cfg.augment,
-                autoaugment_policy=str(cfg.get("autoaugment_policy", "v0")),
                 randaugment=randaugment,
-                with_crop_shape=with_crop_shape,
                 host_resize=host_resize is not None,
-                tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,  # data/tf_crop.py
-                object_boxes=bool(cfg.get("train_crop_object_boxes")),
                 # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts
                 # the pipeline's source with DALI's autograph (~1 s a build), so only when an augment policy runs.
-                enable_conditionals=cfg.augment is not None,
+                enable_conditionals=settings.augment is not None,
                 enable_checkpointing=checkpointing,
             )
         else:
-            make = functools.partial(val_pipeline, **common, resize=val_resize_size(cfg, common["size"]))
+            make = functools.partial(val_pipeline, **common, resize=val_resize_size(self.cfg, size))
 
         def pipeline(epoch: int, checkpoint: str | None = None) -> Any:
             """The pipeline with EPOCH's list order and seed (seeding.dali_list_order, dali_pipeline_seed)."""
-            seeded = functools.partial(make, seed=dali_pipeline_seed(seed, rank, epoch))
+            seeded = functools.partial(make, seed=dali_pipeline_seed(spec.seed, spec.rank, epoch))
             return _built(seeded, functools.partial(opened, epoch), checkpoint)
 
         pipe = pipeline(first_epoch, position["start"] if position else None)
-        trace = Path(cfg.trace_dir) / f"{split}_rank{rank}" if cfg.get("trace_dir") else None
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
-        outputs += ["crop_shape"] if with_crop_shape else []
+        outputs += ["crop_shape"] if settings.with_crop_shape else []
         return DaliLoader(
             pipe,
             outputs,
             files,
-            batch_size,
-            rank,
-            world_size,
-            drop_last=training,
-            trace=trace,
-            channels_last=common["layout"] == "HWC",
+            spec,
+            settings,
             host_resize=host_resize,
             bad_images=self.bad_images,
-            prefetch=self.host_prefetch,
-            checkpointing=checkpointing,
             signature=signature,
             first_epoch=first_epoch,
             restored=position,

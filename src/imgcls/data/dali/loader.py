@@ -21,7 +21,10 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, 
 from imgcls.data.bad_images import BadImageLog, BadSample, equal_step_counts
 from imgcls.data.dali.host_resize import HostResize
 from imgcls.data.dali.pipelines import READER
+from imgcls.data.dali.settings import DaliSettings
 from imgcls.data.dali.thread_executor import OneThreadExecutor
+from imgcls.data.protocol import LoaderSpec
+from imgcls.distributed import gather_objects
 from imgcls.errors import DataError
 
 # Pipelines whose executor would not stop (shut_down): kept for the life of the process, never destroyed.
@@ -149,28 +152,29 @@ class DaliLoader:
         pipe: Any,
         outputs: list[str],
         files: Catalog,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        drop_last: bool,
-        trace: Path | None = None,
-        channels_last: bool = False,
+        spec: LoaderSpec,
+        settings: DaliSettings,
         host_resize: HostResize | None = None,
         bad_images: BadImageLog | None = None,
-        prefetch: int = 1,
-        checkpointing: bool = False,
         signature: tuple = (),
         first_epoch: int = 0,
         restored: dict[str, Any] | None = None,
         rebuild: Callable[[int], Any] | None = None,
     ) -> None:
-        """`checkpointing`: `pipe` checkpoints its reader (DALI's enable_checkpointing), so position() can say where
-        the trainer is. `signature`: what the pipeline's graph depends on, kept in each position (the backend builds
+        """`spec`: the split, batch, rank and world size this loader serves, and the trainer's limit_batches
+        (position's end of an epoch). `settings`: channels_last, host_prefetch, checkpointing (the train pipeline
+        checkpoints its reader, DALI's enable_checkpointing, so position() can say where the trainer is) and
+        trace_dir. `signature`: what the pipeline's graph depends on, kept in each position (the backend builds
         a loader at a saved position only for the same signature). `first_epoch`: the epoch `pipe`'s list order
         and seed derive from (DaliBackend.loader), kept in each position too: a loader built at the position must
         read the same order. `restored`: the position `pipe` was built at from its DALI checkpoint
-        (DaliBackend.loader's `position`). `rebuild(epoch)`: a new pipeline like `pipe`, built fresh for that epoch
-        (its list order and seed), for the epoch after one the consumer left early (_finish_epoch)."""
+        (DaliBackend._start). `rebuild(epoch)`: a new pipeline like `pipe`, built fresh for that epoch (its list
+        order and seed), for the epoch after one the consumer left early (_finish_epoch)."""
+        batch_size, rank, world_size = spec.batch_size, spec.rank, spec.world_size
+        drop_last = spec.split == "train"
+        channels_last, prefetch = settings.channels_last, settings.host_prefetch
+        checkpointing = settings.checkpoints(spec.split)
+        trace = Path(settings.trace_dir) / f"{spec.split}_rank{rank}" if settings.trace_dir else None
         self.channels_last = channels_last
         self.host_resize = host_resize
         self.files = files
@@ -191,6 +195,9 @@ class DaliLoader:
             self.length = math.ceil(self.part_size / batch_size)
         if self.length == 0:
             raise DataError(f"{total} images over {world_size} rank(s) make no full batch of {batch_size}")
+        # The steps the trainer takes from an epoch (Lightning's rule for trainer.limit_train_batches).
+        limit = spec.limit_batches
+        self.steps_per_epoch = min(self.length, limit) if isinstance(limit, int) else int(self.length * limit)
         self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
         ring = getattr(host_resize, "ring", None)
         if ring is not None and ring.slots < ring_slots(self.prefetch):
@@ -226,6 +233,7 @@ class DaliLoader:
         if restored:
             self.epoch, self._consumed = int(restored["epoch"]), int(restored["consumed"])
             self._restored = self._position = dict(restored)
+        self._run_epoch = self.first_epoch + self.epoch  # the run's epoch of the batch trained on last
 
     def _make_iterator(self, pipe: Any, outputs: list[str], ragged: bool) -> Any:
         # PARTIAL for train too, and the batches past `length` are read and dropped here (_wanted), not with
@@ -285,14 +293,19 @@ class DaliLoader:
         early = done and not self._position["done"] and self._left_early(self._position["consumed"] + 1)
         return {**self._position, "done": done, "early": early}
 
-    # Lightning resumes a loader with these ("stateful"), loading rank 0's state into every rank; the ranks' DALI
-    # readers are at different places, so the DataModule carries every rank's position() instead. These tell
-    # Lightning that this loader is resumed (no "not resumable" warning) without a second copy of the state.
+    # Lightning saves a stateful loader's state_dict() from rank 0 and loads it into every rank; the ranks' DALI
+    # readers are at different places, so the state holds every rank's position (a collective: every rank's
+    # state_dict() runs in the same checkpoint) and each rank's loader is built at its own (DaliBackend._start).
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """{"positions": every rank's position() at the trainer's steps per epoch, "epoch": the run's epoch of the
+        batch trained on last}."""
+        return {"positions": gather_objects(self.position(self.steps_per_epoch)), "epoch": self._run_epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Nothing: a DALI loader takes its state when it is built (LoaderSpec.resume: the pipeline starts from
+        its reader checkpoint; building one and then rebuilding it at the position cost seconds per start).
+        Lightning's own call after a resume brings the same state, or one that a later stage's loader does not
+        use."""
 
     def _taken(self, checkpointing: bool = True) -> Iterator[tuple[str | None, int, Any]]:
         """The rest of the reader's epoch: (checkpoint before the batch, DALI batches taken before it, batch)."""
@@ -506,6 +519,7 @@ class DaliLoader:
                     skip -= 1
                     continue
                 self._taken_by_consumer = batch.consumed + 1
+                self._run_epoch = self.first_epoch + batch.epoch
                 if batch.start is not None:
                     self._position = {
                         "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,

@@ -33,6 +33,7 @@ from nvidia.dali.auto_aug import rand_augment
 
 from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
 from imgcls.data.dali import records
+from imgcls.data.dali.settings import DaliSettings
 from imgcls.data.dali.tf_autoaugment import tf_auto_augment, tf_v0_policy
 from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards.tfrecord import BOX_KEYS, IMAGE_KEY, LABEL_KEY
@@ -238,40 +239,25 @@ def _read_records(
 # off when no policy runs: data/dali/backend.py)
 def train_pipeline(
     *,
-    source: FolderSource | ShardSource | None = None,
-    file_list: str | None = None,
-    file_root: str | None = None,
+    source: FolderSource | ShardSource,
+    settings: DaliSettings,
     shard_id: int,
     num_shards: int,
     size: int,
-    gpu: bool,
-    interpolation: str,
-    crop_scale: Sequence[float],
-    crop_ratio: Sequence[float],
-    hflip: float,
-    mean: Sequence[float],
-    std: Sequence[float],
-    layout: str = "CHW",
-    fp16: bool = False,
-    antialias: bool = False,
-    augment: str | None = None,
-    autoaugment_policy: str = "v0",
     randaugment: tuple[int, int] = (2, 9),
-    with_crop_shape: bool = False,
     host_resize: bool = False,
-    tf_crop: DistortedCrop | None = None,
-    object_boxes: bool = False,
 ) -> Any:
-    """`source`: what to read (a FolderSource or ShardSource); `file_list`/`file_root` are a FolderSource's
-    fields, for callers that build the pipeline directly. Outputs (images, index, bad[, crop shape]).
-    host_resize: stop after the ROI decode and return (crops, index, bad, mirror[, crop shape]); the loader
-    resizes, flips and normalizes in torch (host_resize.py: DALI's CPU resize is slow). tf_crop: TF's
-    sample_distorted_bounding_box with these arguments instead of DALI's random crop (crop_scale, crop_ratio
-    unused); object_boxes: against the TFRecords' object boxes (TF1), else the whole image (TF2)."""
-    source = source or FolderSource(file_list, file_root)
-    jpegs, index, bad, boxes = _read_rank_part(source, shard_id, num_shards, True, tf_crop is not None and object_boxes)
-    decoder_args: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB}
-    if gpu:
+    """`source`: what to read; `shard_id` of `num_shards`: this rank's part of it. Outputs (images, index,
+    bad[, crop shape]) (crop shape: settings.with_crop_shape). host_resize: stop after the ROI decode and return
+    (crops, index, bad, mirror[, crop shape]); the loader resizes, flips and normalizes in torch (host_resize.py:
+    DALI's CPU resize is slow). settings.tf_crop: TF's sample_distorted_bounding_box with these arguments instead
+    of DALI's random crop (crop_scale, crop_ratio unused); object_boxes: against the TFRecords' object boxes (TF1),
+    else the whole image (TF2)."""
+    tf_crop = settings.tf_crop
+    boxed = tf_crop is not None and settings.object_boxes
+    jpegs, index, bad, boxes = _read_rank_part(source, shard_id, num_shards, True, boxed)
+    decoder_args: dict[str, Any] = {"device": "mixed" if settings.gpu else "cpu", "output_type": types.RGB}
+    if settings.gpu:
         decoder_args |= {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
     if tf_crop is not None:
         # TF's random numbers come from DALI (seeded with the pipeline, in its checkpoints); the window is
@@ -285,14 +271,20 @@ def train_pipeline(
         )
     else:
         images = fn.decoders.image_random_crop(
-            jpegs, random_area=list(crop_scale), random_aspect_ratio=list(crop_ratio), num_attempts=100, **decoder_args
+            jpegs,
+            random_area=list(settings.crop_scale),
+            random_aspect_ratio=list(settings.crop_ratio),
+            num_attempts=100,
+            **decoder_args,
         )
-    crop_shape = images.shape() if with_crop_shape else None  # (h, w, c) of each crop, for tests
-    mirror = fn.random.coin_flip(probability=float(hflip))
+    crop_shape = images.shape() if settings.with_crop_shape else None  # (h, w, c) of each crop, for tests
+    mirror = fn.random.coin_flip(probability=float(settings.hflip))
     if host_resize:
-        return (images, index, bad, mirror, crop_shape) if with_crop_shape else (images, index, bad, mirror)
+        return (images, index, bad, mirror, crop_shape) if settings.with_crop_shape else (images, index, bad, mirror)
     # antialias=False in training, as NVIDIA (6fcd5f5d "Fix DALI anti-alias flag"): cheaper on CPU.
-    images = fn.resize(images, size=[size, size], interp_type=interp_type(interpolation), antialias=antialias)
+    interpolation = interp_type(settings.interpolation)
+    images = fn.resize(images, size=[size, size], interp_type=interpolation, antialias=settings.antialias)
+    augment = settings.augment
     if augment == "autoaugment":
         # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0),
         # here with TF's Posterize, Solarize and nearest-pixel warps (tf_autoaugment.py), as the torchvision
@@ -305,8 +297,8 @@ def train_pipeline(
         images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=[size, size])
     elif augment is not None:
         raise ConfigError(f"data.augment={augment} is not allowed; use null, autoaugment or randaugment")
-    images = _normalize(images, mirror, mean, std, layout, fp16)
-    if with_crop_shape:
+    images = _normalize(images, mirror, settings.mean, settings.std, settings.layout, settings.fp16)
+    if settings.with_crop_shape:
         return images, index, bad, crop_shape
     return images, index, bad
 
@@ -314,23 +306,16 @@ def train_pipeline(
 @pipeline_def
 def val_pipeline(
     *,
-    source: FolderSource | ShardSource | None = None,
-    file_list: str | None = None,
-    file_root: str | None = None,
+    source: FolderSource | ShardSource,
+    settings: DaliSettings,
     shard_id: int,
     num_shards: int,
     size: int,
     resize: int,
-    gpu: bool,
-    interpolation: str,
-    mean: Sequence[float],
-    std: Sequence[float],
-    layout: str = "CHW",
-    fp16: bool = False,
 ) -> Any:
-    source = source or FolderSource(file_list, file_root)
+    """`resize`: the shorter side before the centre crop of `size` (transforms.val_resize_size)."""
     jpegs, index, bad, _ = _read_rank_part(source, shard_id, num_shards, training=False)
-    images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+    images = fn.decoders.image(jpegs, device="mixed" if settings.gpu else "cpu", output_type=types.RGB)
     # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own
     # resize_shorter and centred crop round differently, a one-pixel shift on most photos.
@@ -343,12 +328,12 @@ def val_pipeline(
         images,
         resize_y=fn.cast(new_h, dtype=types.FLOAT),
         resize_x=fn.cast(new_w, dtype=types.FLOAT),
-        interp_type=interp_type(interpolation),
+        interp_type=interp_type(settings.interpolation),
         antialias=True,
     )
     anchor = fn.stack(_half_to_even(new_h - size), _half_to_even(new_w - size))
     images = fn.slice(images, start=anchor, shape=[size, size], axis_names="HW")
-    return _normalize(images, 0, mean, std, layout, fp16), index, bad
+    return _normalize(images, 0, settings.mean, settings.std, settings.layout, settings.fp16), index, bad
 
 
 def _half_to_even(diff: Any) -> Any:

@@ -37,11 +37,11 @@ from torch.utils.data import Dataset
 
 from imgcls.data.bad_images import BadImage, BadImageLog, BadSample
 from imgcls.data.images import load_rgb
-from imgcls.data.samplers import RankSampler
 from imgcls.data.shards import remote
 from imgcls.data.shards.epoch_plan import epoch_plan, loader_order
 from imgcls.data.shards.formats import read_records
 from imgcls.data.shards.manifest import ShardSet
+from imgcls.data.torchvision.samplers import RankSampler
 from imgcls.errors import DataError, UserError
 from imgcls.seeding import seeded
 
