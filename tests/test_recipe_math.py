@@ -9,6 +9,7 @@ import pytest
 import torch
 from timm.data import Mixup
 
+from imgcls.config_checks import check_config
 from imgcls.errors import ConfigError
 from imgcls.models import build_network
 from imgcls.module import _ns
@@ -167,8 +168,8 @@ def test_weight_decay_on_all_decays_everything() -> None:
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     groups = parameter_groups(net, 0.1, "all")  # NVIDIA PyTorch --bn-weight-decay
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
-    with pytest.raises(ConfigError, match="^recipe.weight_decay_on=bn is not supported; allowed: conv_and_linear"):
-        parameter_groups(net, 0.1, "bn")
+    with pytest.raises(ConfigError, match="^recipe.weight_decay_on=bn must be one of conv_and_linear"):
+        check_config(compose_config(["recipe.weight_decay_on=bn"]))  # up front; parameter_groups trusts it
 
 
 def test_mixup_targets_are_smoothed_convex_combinations() -> None:
@@ -206,8 +207,8 @@ def test_linear_schedule_is_nvidias_base_times_one_minus_e_over_es() -> None:
 
 
 def test_unknown_schedule_is_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError, match=r"recipe.schedule=polynomial is not allowed; use cosine, linear, step"):
-        _lr_curve(10, 1, schedule="polynomial")
+    with pytest.raises(ConfigError, match=r"^recipe.schedule=polynomial must be one of cosine, linear, step"):
+        check_config(compose_config(["recipe.schedule=polynomial"]))  # up front; build_scheduler trusts it
 
 
 def test_an_absolute_lr_overrides_the_per_256_rule() -> None:
@@ -255,5 +256,5 @@ def test_exponential_schedule_is_tf2s_staircase_decay_after_the_warmup() -> None
         tf = lr0 * step / warmup if step < warmup else lr0 * 0.97 ** math.floor((step - warmup) / decay_steps)
         assert opt.param_groups[0]["lr"] == pytest.approx(tf, rel=1e-9, abs=1e-12), step
     assert opt.param_groups[0]["lr"] == pytest.approx(lr0 * 0.97**6)  # 150 steps after warmup: 6 whole stairs
-    with pytest.raises(ConfigError, match="needs recipe.lr_decay_rate and recipe.lr_decay_epochs"):
-        build_scheduler(opt, total, warmup, 0.0, "exponential", epochs=epochs)
+    with pytest.raises(ConfigError, match="^recipe.lr_decay_rate=null must be set with recipe.schedule=exponential"):
+        check_config(compose_config(["recipe.schedule=exponential"]))  # up front; build_scheduler trusts it

@@ -20,6 +20,14 @@ WEIGHT_DECAY_SETS = ("conv_and_linear_weights", "all_but_norm", "all_but_norm_an
 # timm AutoAugment policies (recipe.autoaugment_policy). v0 is the list of NVIDIA's PyTorch IC/autoaugment.py,
 # TF2 dataloader/augment.py policy_v0 and DALI's image_net policy; original is the AutoAugment paper's table.
 AUTOAUGMENT_POLICIES = ("v0", "v0r", "original", "originalr")
+# model.drop_path_mask (models/stochastic_depth.py): timm's per-sample DropPath (TF2), or NVIDIA PyTorch's one mask
+# per batch.
+DROP_PATH_MASKS = ("sample", "batch")
+LR_INTERVALS = ("step", "epoch")  # recipe.lr_interval (scheduler.py): every optimizer step, or NVIDIA's per epoch
+# recipe.qat.quantizers (quantization/placement.py): modelopt's INT8 default (conv/linear/pool inputs and weights), or
+# NVIDIA's extra ones too.
+QUANTIZER_SETS = ("conv_linear", "nvidia")
+CALIBRATORS = ("max", "percentile")  # recipe.qat.calibrator (quantization/qat.py)
 # timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.
 MIXUP_MODES = ("batch", "pair", "elem")
 # lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest): what

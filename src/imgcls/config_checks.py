@@ -25,7 +25,18 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from imgcls.choices import AUTOAUGMENT_POLICIES, CONV_INITS, MIXUP_MODES, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_SETS
+from imgcls.choices import (
+    AUTOAUGMENT_POLICIES,
+    CALIBRATORS,
+    CONV_INITS,
+    DROP_PATH_MASKS,
+    LR_INTERVALS,
+    MIXUP_MODES,
+    OPTIMIZERS,
+    QUANTIZER_SETS,
+    SCHEDULES,
+    WEIGHT_DECAY_SETS,
+)
 from imgcls.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -167,7 +178,7 @@ TRAIN: dict[str, Check] = {
     "model.drop_path_rate": RATE,
     "model.conv_init": choice(*CONV_INITS),  # NVIDIA --conv_init, or its legacy --model-config names
     "model.zero_init_last_bn": boolean,
-    "model.drop_path_mask": choice("sample", "batch"),  # models/stochastic_depth.py: timm/TF2 or NVIDIA PyTorch
+    "model.drop_path_mask": choice(*DROP_PATH_MASKS),  # models/stochastic_depth.py: timm/TF2 or NVIDIA PyTorch
     "model.bn_momentum": number(0, 1, open_low=True, null=True),
     "model.bn_eps": number(0, open_low=True, null=True),
     "model.weight_decay": WEIGHT_DECAY,
@@ -219,7 +230,7 @@ TRAIN: dict[str, Check] = {
     "recipe.lr_milestones": numbers(None, 0, ordered=True),
     "recipe.lr_decay_rate": number(0, 1, open_low=True, null=True),  # schedule=exponential
     "recipe.lr_decay_epochs": number(0, open_low=True, null=True),
-    "recipe.lr_interval": choice("step", "epoch"),  # scheduler.py: every optimizer step, or NVIDIA's per epoch
+    "recipe.lr_interval": choice(*LR_INTERVALS),  # scheduler.py: every optimizer step, or NVIDIA's per epoch
     "recipe.global_batch_size": POSITIVE_OR_NULL,
     "recipe.weight_decay": number(0, null=True),
     "recipe.weight_decay_on": choice(*WEIGHT_DECAY_SETS),  # optimizer.py parameter_groups
@@ -246,9 +257,9 @@ TRAIN: dict[str, Check] = {
     "recipe.qat.calibration_batch_size": POSITIVE,
     "recipe.qat.seed": integer(0),
     "recipe.qat.calibration_preprocessing": choice("val", "train"),  # calibration.py: deployment's or training's
-    "recipe.qat.calibrator": choice("max", "percentile"),  # qat.py CALIBRATORS
+    "recipe.qat.calibrator": choice(*CALIBRATORS),  # quantization/qat.py
     "recipe.qat.percentile": number(0, 100, open_low=True),
-    "recipe.qat.quantizers": choice("conv_linear", "nvidia"),  # placement.py QUANTIZER_SETS
+    "recipe.qat.quantizers": choice(*QUANTIZER_SETS),  # quantization/placement.py
     # data
     "data.name": anything,
     "data.root": anything,
@@ -451,6 +462,13 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
                 f"data.autoaugment_policy={policy} must be v0 with data.backend={data.backend} (DALI's AutoAugment "
                 "has the v0 policy only); use data.backend=torchvision for another policy"
             )
+    if recipe is not None and recipe.get("schedule") == "exponential":
+        for key in ("lr_decay_rate", "lr_decay_epochs"):  # scheduler.py: x lr_decay_rate every lr_decay_epochs
+            if recipe.get(key) is None:
+                raise ConfigError(
+                    f"recipe.{key}=null must be set with recipe.schedule=exponential (e.g. as recipe=tf2_efficientnet "
+                    "sets it: lr_decay_rate=0.97, lr_decay_epochs=2.4)"
+                )
     if recipe is not None and str(recipe.get("optimizer")).startswith("rmsprop"):
         for key in ("rmsprop_alpha", "rmsprop_eps"):
             if recipe.get(key) is None:

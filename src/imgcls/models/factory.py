@@ -13,7 +13,7 @@ from timm.layers.weight_init import trunc_normal_tf_, variance_scaling_
 from timm.models._efficientnet_blocks import SqueezeExcite
 from torch import nn
 
-from imgcls.choices import CONV_INIT_ALIASES, CONV_INITS, TF_INITS
+from imgcls.choices import CONV_INIT_ALIASES, TF_INITS
 from imgcls.errors import ConfigError
 from imgcls.models.squeeze_excitation import SE_RESNET_PREFIXES, se_kwargs
 from imgcls.models.stochastic_depth import use_drop_path_mask
@@ -72,8 +72,6 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
     init is Linear's; timm's own init (EfficientNet's classifier, its SE convs) is replaced. timm zero-inits the
     last BN of each residual block by default; NVIDIA does not (--last_bn_0_init False), so it is opt-in here.
     """
-    if conv_init not in CONV_INITS:
-        raise ConfigError(f"model.conv_init={conv_init} is not allowed; use {', '.join(CONV_INITS)}")
     conv_init = CONV_INIT_ALIASES.get(conv_init, conv_init)
     squeeze_excitation = {id(m) for block in net.modules() if isinstance(block, SE_BLOCKS) for m in block.modules()}
     for module in net.modules():

@@ -69,8 +69,7 @@ def _modelopt() -> tuple[Any, Any]:
     return mtq, mto
 
 
-CALIBRATORS = ("max", "percentile")  # recipe.qat.calibrator
-PLACEMENT_KEY = "imgcls_quantizers"  # in the checkpoint's quantizer state: placement.QUANTIZER_SETS
+PLACEMENT_KEY = "imgcls_quantizers"  # in the checkpoint's quantizer state: choices.QUANTIZER_SETS
 
 
 def quantize(
@@ -88,9 +87,7 @@ def quantize(
     calibrator: `max`, modelopt's default (the largest |activation| seen); `percentile`, NVIDIA's quant_main.py
     (image_classification/quantization.py:22-28,113-130): activation ranges from a histogram of |activation|
     clipped at `percentile` (99.99), weights by their max per output channel (pytorch-quantization's weight
-    calibrator is max; modelopt's too). quantizers: placement.QUANTIZER_SETS."""
-    if calibrator not in CALIBRATORS:
-        raise ConfigError(f"recipe.qat.calibrator={calibrator} is not allowed; use {', '.join(CALIBRATORS)}")
+    calibrator is max; modelopt's too). quantizers: choices.QUANTIZER_SETS."""
     device = device or torch.device("cpu")
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device.index)

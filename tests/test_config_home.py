@@ -1,0 +1,178 @@
+"""Each config fact has one home: a value config_checks validates up front is not checked again where it is used.
+
+Every `raise ConfigError` in src/imgcls outside config_checks.py is listed below with why it cannot live in the
+table: the check depends on the installed libraries, this machine, the data or files on disk, or it checks a
+command's own arguments that no table covers. A new raise site fails here until it is classified; a site that
+re-checks a key the table already checks fails too (unless it is on LEFT, the re-checks still to delete).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
+from imgcls.config_checks import EVALUATE, TRAIN, anything, rule_for
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "imgcls"
+SCHEMA = "config_checks.py"
+
+# Why each site checks at run time. The tag before the colon says what the check needs that composition does not
+# have: library (what is installed), machine (GPUs, cores, the launcher), data (files, the dataset, a checkpoint,
+# the built network), command (a command's own arguments, outside the TRAIN/EVALUATE tables), consumer (a key the
+# table leaves to the one module that reads it: `anything` there), left (a re-check or cross-key rule that belongs
+# in config_checks, in a file under another engineer's edit while this was written: delete it there).
+ALLOWED: dict[str, str] = {
+    "bench/data.py::parse_args": "command: python -m imgcls.bench.data's own key=value arguments",
+    "bench/data.py::class_folders": "data: the class folders under data.root",
+    "bench/data.py::link_dataset": "data: the JPEG files under data.root",
+    "bench/inference.py::_run_onnx": "data: ckpt is an ONNX file, whose graph fixes what model= would set",
+    "bench/inference.py::check_batch_sizes": "consumer: batch_sizes (EVALUATE leaves the list to bench/inference)",
+    "bench/startup.py::build_tree": "data: the benchmark's folder on disk",
+    "bench/startup.py::parse_args": "command: the startup benchmark's own arguments",
+    "bench/training.py::run": "data: the loader ran out before the timed iterations",
+    "callbacks/console.py::progress_bar": "consumer: callbacks.progress_bar",
+    "callbacks/order.py::training_callbacks": "left: early stopping needs validation, a cross-key rule (callbacks/)",
+    "classify/__init__.py::classify": "command: classify's batch_size (conf/classify.yaml has no table)",
+    "classify/__init__.py::image_paths": "command: classify's images",
+    "classify/__init__.py::load_predictor": "command: classify's backend, and model= against an ONNX ckpt (data)",
+    "config.py::required_ckpt": "consumer: ckpt is `???` until a command needs it (config_checks.leaves)",
+    "data/augment.py::augment_policy": "left: data.autoaugment_policy re-checked (data/ under refactor)",
+    "data/augment.py::parse_randaugment": "consumer: data.randaugment, timm's RandAugment string",
+    "data/backends.py::_dali.build": "library: NVIDIA DALI does not import",
+    "data/backends.py::make_backend": "consumer: data.backend names a registered backend",
+    "data/bad_images.py::check_policy": "consumer: data.on_bad_image",
+    "data/dali/backend.py::DaliBackend.__init__": "machine: dali_gpu without a CUDA GPU",
+    "data/dali/host_resize.py::resize_on_host": "consumer: data.dali_train_resize and what the torch resize can run",
+    "data/dali/pipelines.py::interp_type": "library: the interpolations DALI has",
+    "data/dali/pipelines.py::train_pipeline": "consumer: data.augment",
+    "data/dali/settings.py::DaliSettings.from_config": "left: dali_resize_threads / dali_host_prefetch re-checked",
+    "data/progressive.py::schedule_from_config": "left: data.progressive ranges and cross-key rules (data/)",
+    "data/shards/__main__.py::main": "command: python -m imgcls.data.shards's subcommand",
+    "data/shards/cache.py::parse": "command: `shards cache`'s arguments",
+    "data/shards/cache.py::parse_size": "command: --max-size",
+    "data/shards/cache.py::_days": "command: --older-than",
+    "data/shards/cache.py::check_dir": "data: the folder is a shard cache imgcls wrote",
+    "data/shards/cache.py::prune": "data: the folder is a shard cache imgcls wrote",
+    "data/shards/convert.py::parse": "command: `shards convert`'s arguments",
+    "data/shards/convert.py::_integer": "command: `shards convert`'s integer arguments",
+    "data/shards/convert.py::convert": "command: convert()'s format and shard_size (Python API and command)",
+    "data/shards/formats.py::check_format": "command: the shard format of convert/cache arguments",
+    "data/shards/manifest.py::open_shard_set": "data: the manifest's classes; consumer: data.label_base",
+    "data/shards/manifest.py::_classes_without_manifest": "data: shards without manifest.json",
+    "data/shards/manifest.py::_count": "data: remote shards need data.shard_cache to be counted",
+    "data/shards/remote.py::local_copy": "data: remote shards need data.shard_cache",
+    "data/shards/remote.py::_filesystem": "library: fsspec refuses data.storage_options",
+    "data/synthetic.py::SyntheticBackend.__init__": "left: backend=synthetic needs data.num_classes (data/)",
+    "evaluate.py::evaluate_onnx": "data: ckpt is an ONNX file",
+    "export/__init__.py::run": "command: export's format and output (a file on disk)",
+    "export/triton.py::options": "command: format=triton's own keys; library: tritonclient",
+    "export/triton.py::model_dir_of": "data: the checkpoint's arch as a folder name",
+    "export/triton.py::_refuse_non_empty": "data: the Triton model folder on disk",
+    "export/triton.py::build_engine": "library: trtexec failed",
+    "export/triton.py::check_repository": "data: the written Triton repository",
+    "models/factory.py::build_network": "library: model.arch is a timm architecture",
+    "models/squeeze_excitation.py::se_kwargs": "library: which timm archs have SE blocks (model.arch)",
+    "overrides.py::check_command_line": "command: the command line's overrides",
+    "overrides.py::parse": "command: the command line's overrides",
+    "overrides.py::check_group_choices": "command: the command line's group choices",
+    "overrides.py::_check_groups": "command: the command line's groups",
+    "plan.py::accumulation_steps": "left: data.batch_size / recipe.global_batch_size re-checked (plan.py)",
+    "plan.py::lookup_batch": "left: the hardware profile's batch table lacks the model's profile (plan.py)",
+    "plan.py::world_size_of": "machine: the devices this machine has",
+    "published.py::run_of": "data: published_runs.csv has the experiment's row",
+    "published.py::resolve": "command: the resolver's field argument in a config file",
+    "quantization/calibration.py::calibration_dataset": "data: calibration reads a folder dataset",
+    "quantization/calibration.py::calibration_batches": "command: ptq's calibration.* keys (no table)",
+    "quantization/placement.py::add_quantizers": "data: NVIDIA's quantizers need EfficientNet blocks in the network",
+    "quantization/ptq.py::options": "command: ptq's calibration.* keys (no table)",
+    "quantization/qat.py::_modelopt": "library: NVIDIA Model Optimizer does not import",
+    "rundir.py::launch_id": "machine: torchrun's rendezvous without a shared run dir",
+    "rundir.py::check_run_files_are_ours": "data: the run dir holds files imgcls did not write",
+    "trainer.py::check_trainer_args": "library: lightning.Trainer's arguments",
+    "trainer.py::build_trainer": "machine: sync_batchnorm without GPUs",
+}
+TAGS = ("library", "machine", "data", "command", "consumer", "left")
+# What may check a key that the table checks too: what the table cannot know, or a re-check not yet deleted.
+MAY_NAME_A_CHECKED_KEY = ("library", "machine", "data", "left")
+
+
+def _raise_sites() -> dict[str, list[str]]:
+    """`path::Class.function` -> the messages (their leading text) of its `raise ConfigError(...)`s."""
+    sites: dict[str, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        name = path.relative_to(SRC).as_posix()
+        if name != SCHEMA:
+            _collect(ast.parse(path.read_text()), name, [], sites)
+    return sites
+
+
+def _collect(node: ast.AST, name: str, scope: list[str], sites: dict[str, list[str]]) -> None:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            _collect(child, name, [*scope, child.name], sites)
+            continue
+        if isinstance(child, ast.Raise) and isinstance(child.exc, ast.Call):
+            func = child.exc.func
+            if getattr(func, "id", getattr(func, "attr", None)) == "ConfigError":
+                site = f"{name}::{'.'.join(scope) or '<module>'}"
+                sites.setdefault(site, []).append(_leading_text(child.exc))
+        _collect(child, name, scope, sites)
+
+
+def _leading_text(call: ast.Call) -> str:
+    """The literal start of the message, up to its first {placeholder}."""
+    arg = call.args[0] if call.args else None
+    while isinstance(arg, ast.BinOp):  # "a" + f"b"
+        arg = arg.left
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr):
+        text = ""
+        for part in arg.values:
+            if not isinstance(part, ast.Constant):
+                break
+            text += str(part.value)
+        return text
+    return ""
+
+
+def _checked_key(message: str) -> str | None:
+    """The `KEY=` a message starts with, where TRAIN or EVALUATE checks KEY's values (not `anything`)."""
+    match = re.match(r"([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)+|mode|seed)=", message)
+    if match is None:
+        return None
+    key = match.group(1)
+    rules = [rule_for(key, table) for table in (TRAIN, EVALUATE)]
+    return key if any(rule not in (None, anything) for rule in rules) else None
+
+
+def test_every_config_error_raise_site_says_why_it_is_not_in_the_schema() -> None:
+    sites = _raise_sites()
+    unlisted = sorted(set(sites) - set(ALLOWED))
+    assert not unlisted, f"raise ConfigError outside {SCHEMA}: put the check in its table, or list why here: {unlisted}"
+    gone = sorted(set(ALLOWED) - set(sites))
+    assert not gone, f"no `raise ConfigError` there any more: delete these entries: {gone}"
+    untagged = {site: why for site, why in ALLOWED.items() if why.split(":")[0] not in TAGS}
+    assert not untagged, untagged
+
+
+def test_no_runtime_recheck_of_a_key_the_schema_validates() -> None:
+    """A message `KEY=... must be ...` where config_checks already checks KEY: the same check twice."""
+    rechecks = {
+        site: keys
+        for site, messages in _raise_sites().items()
+        if (keys := sorted({k for m in messages if (k := _checked_key(m))}))
+        and ALLOWED.get(site, "").split(":")[0] not in MAY_NAME_A_CHECKED_KEY
+    }
+    assert not rechecks, f"checked in {SCHEMA} already; trust the validated config: {rechecks}"
+
+
+@pytest.mark.parametrize(("table", "modes"), [(TRAIN, TRAIN_MODES), (EVALUATE, EVALUATE_MODES)])
+def test_the_modes_a_table_allows_are_the_modes_the_command_runs(table: dict, modes: dict) -> None:
+    """cli.run_mode trusts the checked mode: the table's choice and the command's dispatch name the same modes."""
+    allowed = {m for m in ("train", "benchmark", "plan", "evaluate", "bogus") if table["mode"](m) is None}
+    assert allowed == set(modes)
