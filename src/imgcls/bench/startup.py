@@ -8,13 +8,14 @@ folder this benchmark owns (`--dir`, default `$IMGCLS_CACHE/startup-<classes>x<t
 
 Then, for each backend, it starts the real training entry (`python train.py data=folder ...`, resnet18 at
 a small image size, one optimizer step, no validation) as a subprocess, and resumes that run once from its
-`last.ckpt` for one more step (what a requeued job does). With `--limit-train-batches K`, each start trains one
-epoch of K steps instead (trainer.limit_train_batches, as gpu-check's rows and short trials do): the resumed start
-begins at the next epoch, after one that the first start left K steps in. Per start it prints:
+`last.ckpt` for one more step (what a requeued job does). With `--limit-train-batches K`, the first start trains one
+epoch of K steps instead (trainer.limit_train_batches, as gpu-check's rows and short trials do), and the resumed start
+begins the next epoch, after one that the first start left K steps in, and stops after its first step.
+Per start it prints:
 - time to first step: from the spawn until the run's report.json appears. The report callback writes it
   at the end of the training epoch, which `trainer.max_steps` ends right after the step: everything from
-  Python's start to the first optimizer step, and nothing of the exit (with --limit-train-batches: to the end
-  of the epoch's K steps).
+  Python's start to the first optimizer step, and nothing of the exit (with --limit-train-batches, the first
+  start's row runs to the end of its K-step epoch).
 - exit: the whole process, for reference.
 - peak RSS: the largest resident set of any one process of the run (ru_maxrss of the reaped children,
   taken in a fresh wrapper process per start so that earlier starts do not count).
@@ -149,7 +150,8 @@ def train_overrides(tree: Path, backend: str, run_dir: Path, args: argparse.Name
         *([f"trainer.devices={args.devices}", "trainer.accelerator=cpu"] if args.devices > 1 else []),
         f"model.image_size={args.image_size}",
         *(
-            [f"trainer.limit_train_batches={args.limit_train_batches}", f"trainer.max_epochs={2 if resume else 1}"]
+            [f"trainer.limit_train_batches={args.limit_train_batches}"]
+            + ([f"trainer.max_steps={args.limit_train_batches + 1}"] if resume else ["trainer.max_epochs=1"])
             if args.limit_train_batches
             else [f"trainer.max_steps={2 if resume else 1}"]
         ),
