@@ -13,9 +13,13 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
+from imgcls.config import CONF_DIR, options
 from imgcls.config_checks import EVALUATE, TRAIN, anything, rule_for
+from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
+from tests.conftest import compose_config
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "imgcls"
 SCHEMA = "config_checks.py"
@@ -176,3 +180,15 @@ def test_the_modes_a_table_allows_are_the_modes_the_command_runs(table: dict, mo
     """cli.run_mode trusts the checked mode: the table's choice and the command's dispatch name the same modes."""
     allowed = {m for m in ("train", "benchmark", "plan", "evaluate", "bogus") if table["mode"](m) is None}
     assert allowed == set(modes)
+
+
+@pytest.mark.parametrize("group", ["model", "recipe"])
+def test_every_option_of_a_group_starts_from_its_base(group: str) -> None:
+    """conf/GROUP/_base.yaml is the one home of the optional keys' off values (module.py's defaults for a checkpoint
+    written before a key existed): every option of the group has each of its keys."""
+    base = OmegaConf.load(CONF_DIR / group / "_base.yaml")
+    defaults = {"model": MODEL_DEFAULTS, "recipe": RECIPE_DEFAULTS}[group]
+    assert defaults == OmegaConf.to_container(base) and defaults
+    for option in options(group):
+        composed = compose_config([f"{group}={option}"])[group]
+        assert set(base) <= set(composed), f"{group}={option} lacks {sorted(set(base) - set(composed))}"

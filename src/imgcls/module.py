@@ -11,12 +11,14 @@ from typing import Any
 
 import lightning as L
 import torch
+from omegaconf import OmegaConf
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from imgcls.config import CONF_DIR
 from imgcls.ema import ModelEma
 from imgcls.mixup import DeviceMixup
 from imgcls.models import build_network
@@ -254,17 +256,14 @@ class ClassificationModule(L.LightningModule):
             checkpoint[qat.STATE_KEY] = qat.quantizer_state(self.net)
 
 
-# Keys a checkpoint's hyperparameters may lack (written before the key existed), with the value that
-# leaves the feature off, as in conf/model/*.yaml and conf/recipe/*.yaml. Required keys have no default.
-MODEL_DEFAULTS: dict[str, Any] = {
-    "drop_path_rate": 0.0, "zero_init_last_bn": False, "bn_momentum": None, "bn_eps": None, "batch_divisor": 1,
-    "weights": None, "channels_last": False, "drop_path_mask": "sample",
-}  # fmt: skip
-RECIPE_DEFAULTS: dict[str, Any] = {
-    "nesterov": False, "end_lr": 0.0, "label_smoothing": 0.0, "mixup": 0.0,
-    "cutmix": 0.0, "augment": None, "ema_decay": None, "rmsprop_alpha": None, "rmsprop_eps": None,
-    "ema_dynamic_decay": False, "mixup_mode": "batch", "lr_interval": "step",
-}  # fmt: skip
+def _group_defaults(group: str) -> dict[str, Any]:
+    """conf/GROUP/_base.yaml: the optional keys of a model or recipe config with the values that leave their feature
+    off. A checkpoint written before a key existed gets that value; required keys have none."""
+    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / "_base.yaml"))
+
+
+MODEL_DEFAULTS: dict[str, Any] = _group_defaults("model")
+RECIPE_DEFAULTS: dict[str, Any] = _group_defaults("recipe")
 
 
 class _ns(dict):
