@@ -9,6 +9,7 @@ re-checks a key the table already checks fails too (unless it is on LEFT, the re
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 from pathlib import Path
 
@@ -17,11 +18,13 @@ from omegaconf import OmegaConf
 
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
 from imgcls.config import CONF_DIR, options
-from imgcls.config_checks import EVALUATE, TRAIN, anything, rule_for
+from imgcls.config_checks import EVALUATE, OPEN, TRAIN, anything, rule_for
+from imgcls.config_reference import reference
 from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
 from tests.conftest import compose_config
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "imgcls"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "imgcls"
 SCHEMA = "config_checks.py"
 
 # Why each site checks at run time. The tag before the colon says what the check needs that composition does not
@@ -192,3 +195,42 @@ def test_every_option_of_a_group_starts_from_its_base(group: str) -> None:
     for option in options(group):
         composed = compose_config([f"{group}={option}"])[group]
         assert set(base) <= set(composed), f"{group}={option} lacks {sorted(set(base) - set(composed))}"
+
+
+def test_docs_config_keys_is_the_reference_the_schema_generates() -> None:
+    """docs/config-keys.md is made from config_checks' tables and conf/ (`python -m imgcls.config_reference`)."""
+    written = (ROOT / "docs" / "config-keys.md").read_text()
+    assert written == reference(), "docs/config-keys.md is stale: run `python -m imgcls.config_reference`"
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"## {title}\n")
+    return text[start : text.index("\n## ", start + 3)]
+
+
+def _is_schema_key(key: str) -> bool:
+    """A key of the TRAIN table (or one it names a node of: data.progressive, recipe.qat.*)."""
+    return any(
+        fnmatch.fnmatch(key, pattern) or fnmatch.fnmatch(pattern, key) or pattern.startswith(key + ".")
+        for pattern in (*TRAIN, *OPEN)
+    )
+
+
+def test_every_key_the_readme_config_groups_section_names_is_a_schema_key() -> None:
+    """The README names keys two ways: `group.key` anywhere in the section, and bare `key`s in the bullet of each
+    group (outside parentheses, where values and explanations go). Each is a key of the schema."""
+    section = _readme_section("Config groups")
+    groups = ("model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer")
+    dotted = [m.split("=")[0] for m in re.findall(r"`([a-z_]+\.[\w.*]+[^`]*)`", section) if m.split(".")[0] in groups]
+    named = [re.match(r"[\w.*]+", key)[0] for key in dotted]  # `data.root/train`: the key data.root
+    bullets = re.findall(r"^- \*\*([\w ]+)\*\*: (.*?)(?=^- \*\*|\n\n)", section, re.S | re.M)
+    assert [g for g, _ in bullets] == ["model", "recipe", "data", "top level"], "the key list's groups changed"
+    for group, text in bullets:
+        while re.search(r"\([^()]*\)", text):
+            text = re.sub(r"\([^()]*\)", "", text)  # values and explanations
+        prefix = "" if group == "top level" else group + "."
+        named += [prefix + key for key in re.findall(r"`([a-z_][\w.]*)`", text)]
+    unknown = sorted({key for key in named if not _is_schema_key(key)})
+    assert not unknown, f"README.md's Config groups names keys config_checks does not have: {unknown}"
+    assert len(named) > 80  # the parse found the key lists

@@ -103,6 +103,12 @@ def choice(*allowed: str) -> Check:
     return check
 
 
+def or_null(check: Check) -> Check:
+    """check, or null (evaluate's keys: null = the checkpoint's value)."""
+    what = f"{check(object())} or null"  # a check names what it allows for any value it refuses
+    return lambda v: None if v is None or check(v) is None else what
+
+
 def anything(v: Any) -> str | None:  # checked where it is used (see the module docstring)
     return None
 
@@ -387,12 +393,12 @@ EVALUATE: dict[str, Check] = {
     "data.num_workers": integer(0, null=True),
     "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval resize for NGC files
     # null: the checkpoint's value (shard datasets: docs/shards.md)
-    "data.format": lambda v: None if v is None else TRAIN["data.format"](v),
+    "data.format": or_null(TRAIN["data.format"]),
     "data.label_base": anything,  # data/shards names what is allowed (auto, 0, 1)
     "data.num_classes": POSITIVE_OR_NULL,
     "data.class_names": anything,  # data/shards/manifest.py names a bad list
     "data.index_dir": anything,
-    "data.shard_cache": lambda v: None if v is None else folder(v),  # null: the checkpoint's, else the default
+    "data.shard_cache": or_null(folder),  # null: the checkpoint's, else the default
     "data.storage_options": anything,  # a mapping of fsspec's options, checked by fsspec
     "data.storage_options.*": anything,
     "batch_sizes": anything,  # bench/inference.py names the bad item

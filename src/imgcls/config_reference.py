@@ -1,0 +1,163 @@
+"""docs/config-keys.md, generated from the schema: every key of config_checks' tables with its default (as the
+default option's YAML file writes it), what it allows (the table's rule) and what it means (the comment beside it in
+conf/). Nothing here is typed a second time; `python -m imgcls.config_reference` rewrites the file, and
+tests/test_config_home.py fails while the file differs from what this module makes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from imgcls.config_checks import EVALUATE, TRAIN, Check, anything
+
+CONF = Path(__file__).resolve().parent / "conf"
+OUTPUT = Path("docs") / "config-keys.md"
+# The groups in train.yaml's order; "" is train.yaml's own keys.
+GROUPS = ("", "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer")
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
+_MORE = re.compile(r"^ +#\s?(?P<comment>.*)$")  # an indented comment line continues the key above it
+
+
+@dataclass
+class Entry:
+    """One key as a YAML file writes it."""
+
+    value: str
+    comment: str
+
+
+def read_yaml_keys(path: Path) -> dict[str, Entry]:
+    """Dotted key -> its value text and comment (continued on the indented comment lines below it)."""
+    keys: dict[str, Entry] = {}
+    stack: list[tuple[int, str]] = []
+    last: Entry | None = None
+    for line in path.read_text().splitlines():
+        more = _MORE.match(line)
+        if more and last is not None:
+            last.comment = f"{last.comment} {more['comment'].strip()}".strip()
+            continue
+        match = _KEY.match(line)
+        if match is None or match["key"] == "defaults":
+            last = None
+            continue
+        indent = len(match["indent"])
+        stack = [(i, k) for i, k in stack if i < indent]
+        dotted = ".".join([k for _, k in stack] + [match["key"]])
+        last = keys[dotted] = Entry(match["value"].strip(), (match["comment"] or "").strip())
+        stack.append((indent, match["key"]))
+    return keys
+
+
+def _defaults_list(path: Path) -> list[str]:
+    """The `- name` / `- group: option` entries of a YAML file's defaults list."""
+    entries, inside = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("defaults:"):
+            inside = True
+        elif inside and line.startswith("  - "):
+            entries.append(line[4:].split("#")[0].strip())
+        elif inside and line.strip() and not line.startswith(" "):
+            break
+    return entries
+
+
+def _chain(group: str, option: str) -> list[Path]:
+    """The files an option composes from, parents first (`defaults: [_base, _self_]`)."""
+    path = CONF / group / f"{option}.yaml"
+    parents = [e for e in _defaults_list(path) if e != "_self_" and ":" not in e]
+    return [p for parent in parents for p in _chain(group, parent)] + [path]
+
+
+def default_options(config: str = "train") -> dict[str, str]:
+    """Group -> the option CONFIG's defaults list chooses (groups it leaves null are left out)."""
+    chosen = {}
+    for entry in _defaults_list(CONF / f"{config}.yaml"):
+        group, _, option = entry.partition(":")
+        option = option.strip()
+        if option and option != "null" and not group.startswith("optional"):
+            chosen[group.strip()] = option
+    return chosen
+
+
+def _group_entries(group: str, option: str | None) -> tuple[dict[str, Entry], dict[str, Entry]]:
+    """(the keys the default option's files write, later files winning; the keys of every file of the group)."""
+    chain: dict[str, Entry] = {}
+    for path in _chain(group, option) if option else []:
+        for key, entry in read_yaml_keys(path).items():
+            old = chain.get(key)
+            chain[key] = Entry(entry.value, entry.comment or (old.comment if old else ""))
+    every: dict[str, Entry] = {}
+    for path in sorted((CONF / group).glob("*.yaml"), key=lambda p: (not p.stem.startswith("_"), p.stem)):
+        for key, entry in read_yaml_keys(path).items():
+            if key not in every or not every[key].comment:
+                every[key] = entry
+    return chain, every
+
+
+def _allowed(check: Check) -> str:
+    """What the rule allows, in its own words (a rule names what it allows for any value it refuses)."""
+    if check is anything:
+        return "checked where it is used"
+    return check(object()) or "anything"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _rows(table: dict[str, Check], patterns: list[str], prefix: str, chain: dict[str, Entry],
+          every: dict[str, Entry]) -> list[str]:  # fmt: skip
+    """A table row per pattern: key, default (chain: the default option's files), allowed, meaning (its comment)."""
+    rows = []
+    for pattern in patterns:
+        local = pattern.removeprefix(prefix)
+        found = [k for k in every if fnmatch.fnmatch(k, local)] if "*" in local else [local] * (local in every)
+        if local in chain:
+            shown = f"`{chain[local].value}`" if chain[local].value else "(a mapping)"
+        else:
+            shown = "per option" if "*" in local else "— (some options)"
+        # The default option's comment; a key it does not write: the first comment of another option's.
+        entries = [chain[local]] if local in chain else [every[k] for k in found]
+        comment = next((e.comment for e in entries if e.comment), "")
+        rows.append(f"| `{pattern}` | {_cell(shown)} | {_cell(_allowed(table[pattern]))} | {_cell(comment)} |")
+    return rows
+
+
+def reference() -> str:
+    """The text of docs/config-keys.md."""
+    chosen = default_options("train")
+    lines = [
+        "# Config keys",
+        "",
+        "Generated by `python -m imgcls.config_reference` from `src/imgcls/config_checks.py` (what each key allows)",
+        "and `conf/` (defaults and comments); tests/test_config_home.py fails while this file differs. Edit those, not",
+        "this file. Default: the value as the option `python train.py` chooses writes it (" +
+        ", ".join(f"{g}={o}" for g, o in chosen.items() if g in GROUPS) + "); `*` = one name part, e.g. a batch-table",
+        "row; \"— (some options)\": a key only some options of the group set.",
+    ]  # fmt: skip
+    top = read_yaml_keys(CONF / "train.yaml")
+    for group in GROUPS:
+        chain, every = _group_entries(group, chosen.get(group)) if group else (top, top)
+        title = f"## {group}" + (f" (default: {chosen[group]})" if group in chosen else "") if group else "## top level"
+        lines += ["", title, "", "| key | default | allowed | meaning |", "|---|---|---|---|"]
+        mine = [p for p in TRAIN if p.split(".")[0] == group or not group and p.split(".")[0] not in GROUPS]
+        lines += _rows(TRAIN, mine, f"{group}." if group else "", chain, every)
+    evaluate = read_yaml_keys(CONF / "evaluate.yaml")
+    own = {k: v for k, v in EVALUATE.items() if not k.startswith(("model.", "precision."))}
+    lines += ["", "## evaluate.py (model and precision: as above)", "", "| key | default | allowed | meaning |"]
+    lines += ["|---|---|---|---|", *_rows(own, list(own), "", evaluate, evaluate)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUTPUT
+    target.write_text(reference())
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()
