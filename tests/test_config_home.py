@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
 from imgcls.config import CONF_DIR, options
-from imgcls.config_checks import EVALUATE, OPEN, TRAIN, anything, rule_for
+from imgcls.config_checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, rule_for
 from imgcls.config_reference import reference
 from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
 from tests.conftest import compose_config
@@ -234,3 +234,13 @@ def test_every_key_the_readme_config_groups_section_names_is_a_schema_key() -> N
     unknown = sorted({key for key in named if not _is_schema_key(key)})
     assert not unknown, f"README.md's Config groups names keys config_checks does not have: {unknown}"
     assert len(named) > 80  # the parse found the key lists
+
+
+def test_each_group_schema_holds_its_own_group_keys() -> None:
+    """One schema per config group: MODEL has model.* only, ...; TOP has train.yaml's own keys, none of a group's."""
+    for group, schema in SCHEMAS.items():
+        if group:
+            assert all(key.startswith(group + ".") for key in schema), group
+        else:
+            assert not any(key.split(".")[0] in SCHEMAS for key in schema)
+    assert TRAIN == {key: check for schema in SCHEMAS.values() for key, check in schema.items()}

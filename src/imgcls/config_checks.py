@@ -1,10 +1,14 @@
-"""Every value of the resolved config checked once, up front, against one table of key -> allowed values.
+"""Every value of the resolved config checked once, up front, against one schema per config group (MODEL, RECIPE,
+DATA, ...: key -> allowed values).
 
-Choice: a checked table rather than Hydra structured configs. Structured configs would mean a dataclass
+Choice: checked tables rather than Hydra structured configs. Structured configs would mean a dataclass
 per group option (15 models, 6 hardware profiles with free-form batch tables, 4 recipes, ...) and
-still no ranges (OmegaConf checks types only). The table names every key of the shipped configs with
+still no ranges (OmegaConf checks types only). The tables name every key of the shipped configs with
 its type and range; tests/test_config_checks.py composes every group option and fails when a key is
-missing from it, so a new key cannot slip past unchecked. The table is also what a `+KEY=...` on the command line
+missing from them, so a new key cannot slip past unchecked. Defaults live in conf/ only (an optional key's "off"
+value in conf/GROUP/_base.yaml), and docs/config-keys.md is generated from both (imgcls.config_reference). Runtime
+code trusts what is checked here: tests/test_config_home.py lists every other `raise ConfigError` and why it
+cannot be checked up front. The tables are also what a `+KEY=...` on the command line
 may add (imgcls.overrides refuses any other key, with a did-you-mean): a key of another group option
 (+model.se_width=16, refused with its reason where the network has no SE), one inside a `*` pattern (expected,
 hardware.batch) or one of OPEN's namespaces (data.storage_options: fsspec's options).
@@ -163,8 +167,9 @@ RATE = number(0, 1, open_high=True)  # a probability or fraction that must leave
 WEIGHT_DECAY = number(0)
 STEPS_LIMIT = integer(1, also=(-1,))  # Lightning: -1 = no limit; 0 would "train" nothing and exit 0
 
-# Patterns (fnmatch, `*` = one or more name parts) in the order the config composes them.
-TRAIN: dict[str, Check] = {
+# One schema per config group: key pattern (fnmatch, `*` = one or more name parts) -> check, in the order the
+# config composes them. TOP holds train.yaml's own keys.
+TOP: dict[str, Check] = {
     "task_name": anything,
     "mode": choice("train", "benchmark", "plan"),
     "benchmark.warmup": COUNT,
@@ -176,7 +181,8 @@ TRAIN: dict[str, Check] = {
     "run_dir": anything,
     "expected": anything,  # an experiment's published result, copied to report.json as is
     "expected.*": anything,
-    # model
+}
+MODEL: dict[str, Check] = {
     "model.name": anything,
     "model.arch": anything,
     "model.image_size": POSITIVE,
@@ -195,7 +201,8 @@ TRAIN: dict[str, Check] = {
     "model.channels_last": boolean,
     "model.se_width": integer(1, null=True),  # SE-ResNe(X)t: null = C/16 (paper, TF1); 16 = NVIDIA PyTorch
     "model.wide_se": boolean,  # EfficientNet: NVIDIA's widese SE (0.25 x the expanded channels)
-    # precision
+}
+PRECISION: dict[str, Check] = {
     "precision.name": anything,
     "precision.lightning": anything,
     "precision.memory_class": choice("full", "half"),
@@ -209,7 +216,8 @@ TRAIN: dict[str, Check] = {
     "precision.loss_scale.growth_factor": number(1, open_low=True),
     "precision.loss_scale.backoff_factor": number(0, 1, open_low=True, open_high=True),
     "precision.loss_scale.growth_interval": POSITIVE,
-    # hardware
+}
+HARDWARE: dict[str, Check] = {
     "hardware.name": anything,
     "hardware.accelerator": anything,
     "hardware.devices": anything,  # an int, "auto" or a device list: runtime.world_size_of checks it
@@ -220,7 +228,8 @@ TRAIN: dict[str, Check] = {
     "hardware.batch.*.per_device": POSITIVE,
     "hardware.batch.*.global": POSITIVE,
     "hardware.batch.*.weight_decay": number(0, null=True),
-    # recipe
+}
+RECIPE: dict[str, Check] = {
     "recipe.name": anything,
     "recipe.epochs": POSITIVE,
     "recipe.warmup_epochs": number(0),
@@ -266,7 +275,8 @@ TRAIN: dict[str, Check] = {
     "recipe.qat.calibrator": choice(*CALIBRATORS),  # quantization/qat.py
     "recipe.qat.percentile": number(0, 100, open_low=True),
     "recipe.qat.quantizers": choice(*QUANTIZER_SETS),  # quantization/placement.py
-    # data
+}
+DATA: dict[str, Check] = {
     "data.name": anything,
     "data.root": anything,
     "data.backend": anything,
@@ -319,7 +329,8 @@ TRAIN: dict[str, Check] = {
     "data.progressive.multiple_of": POSITIVE,
     "data.progressive.total_epochs": POSITIVE,
     "data.progressive.start_magnitude": integer(0, null=True),
-    # logger
+}
+LOGGER: dict[str, Check] = {
     "logger.wandb.project": anything,
     "logger.wandb.entity": anything,
     "logger.wandb.name": anything,
@@ -328,7 +339,8 @@ TRAIN: dict[str, Check] = {
     "logger.wandb.tags": anything,
     "logger.wandb.log_images": COUNT,
     "logger.wandb.confusion_max_classes": COUNT,
-    # callbacks
+}
+CALLBACKS: dict[str, Check] = {
     "callbacks.checkpoint": anything,  # null = no checkpoints
     "callbacks.checkpoint.monitor": anything,
     "callbacks.checkpoint.every_n_train_steps": POSITIVE_OR_NULL,
@@ -338,7 +350,8 @@ TRAIN: dict[str, Check] = {
     "callbacks.progress_bar": anything,
     "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.charts": boolean,
-    # trainer (any other key a user adds goes to lightning.Trainer as is)
+}
+TRAINER: dict[str, Check] = {  # any other key a user adds goes to lightning.Trainer as is
     "trainer.accelerator": anything,
     "trainer.devices": anything,
     "trainer.num_nodes": POSITIVE,
@@ -373,6 +386,12 @@ TRAIN: dict[str, Check] = {
     "trainer.enable_autolog_hparams": boolean,
     "trainer.model_registry": anything,
 }
+TRAIN: dict[str, Check] = {**TOP, **MODEL, **PRECISION, **HARDWARE, **RECIPE, **DATA, **LOGGER, **CALLBACKS, **TRAINER}
+# The schema of each group of `python train.py` ("": train.yaml's own keys).
+SCHEMAS: dict[str, dict[str, Check]] = {
+    "": TOP, "model": MODEL, "precision": PRECISION, "hardware": HARDWARE, "recipe": RECIPE, "data": DATA,
+    "logger": LOGGER, "callbacks": CALLBACKS, "trainer": TRAINER,
+}  # fmt: skip
 
 # Mappings no shipped config fills that a user fills with `+KEY=...` (imgcls.overrides lets these through too).
 OPEN: dict[str, Check] = {
@@ -381,7 +400,8 @@ OPEN: dict[str, Check] = {
 
 # `python evaluate.py`: its own keys; model and precision (optional groups) as for training.
 EVALUATE: dict[str, Check] = {
-    **{k: v for k, v in TRAIN.items() if k.startswith(("model.", "precision."))},
+    **MODEL,
+    **PRECISION,
     "task_name": anything,
     "mode": choice("evaluate", "benchmark"),
     "ckpt": anything,
