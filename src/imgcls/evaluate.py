@@ -28,10 +28,11 @@ from imgcls.models.weights import is_training_checkpoint, is_weights_export, rea
 from imgcls.module import ClassificationModule
 from imgcls.precision import resolve_precision
 from imgcls.storage import write_json_atomic
+from imgcls.typed_config import merge, to_dict
 
 
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
-    return {k: v for k, v in OmegaConf.to_container(cfg.data).items() if v is not None}
+    return {k: v for k, v in to_dict(cfg.data).items() if v is not None}
 
 
 def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: str) -> ClassificationDataModule:
@@ -40,7 +41,7 @@ def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: st
     if data_cfg.get("class_names") is None and (count is None or int(count) == len(classes)):
         # Shards without manifest.json (NVIDIA's TFRecords from build_imagenet_data.py) carry label numbers only: the
         # checkpoint names them, in its label order. A manifest's names win and are compared below.
-        data_cfg = OmegaConf.merge(data_cfg, {"class_names": list(classes)})
+        data_cfg = merge(data_cfg, {"class_names": list(classes)})
     datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
     if datamodule.classes != classes:
         raise DataError(
@@ -59,11 +60,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if is_training_checkpoint(blob):
         trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_config(cfg), blob=blob)
         train_cfg = OmegaConf.create(trained.run_config)
-        data_cfg = OmegaConf.merge(train_cfg.data, data_overrides(cfg))
+        data_cfg = merge(train_cfg.data, data_overrides(cfg))
         precision = precision_config(cfg, train_cfg.precision)
         # The val batch of training, so that the numbers are the ones training logged.
         batch_size = int(data_cfg.batch_size or blob["hyper_parameters"]["plan"]["per_device_batch"])
-        recipe = dict(OmegaConf.to_container(train_cfg.recipe, resolve=True))
+        recipe = to_dict(train_cfg.recipe, resolve=True)
     else:
         trained, data_cfg, recipe = _weights_only(cfg, ckpt, blob)
         precision = precision_config(cfg)
@@ -119,7 +120,7 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
     if not root:
         raise DataError(f"data.root=PATH is required to evaluate the ONNX file ckpt={ckpt} (it holds no data config)")
     model = load_onnx(ckpt)
-    data_cfg = OmegaConf.merge(compose_train(["data=folder"]).data, model.preprocessing, data_overrides(cfg))
+    data_cfg = merge(compose_train(["data=folder"]).data, model.preprocessing, data_overrides(cfg))
     batch_size = int(data_cfg.batch_size or 64)
     datamodule = val_data(data_cfg, batch_size, model.classes, ckpt)
     classes = len(model.classes)
@@ -178,7 +179,7 @@ def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, 
     if not root:
         raise DataError(f"data.root=PATH is required to evaluate the weights-only file ckpt={ckpt}")
     train_cfg.data.root = str(root)
-    data_cfg = OmegaConf.create(OmegaConf.to_container(train_cfg.data, resolve=True))
+    data_cfg = OmegaConf.create(to_dict(train_cfg.data, resolve=True))
     model_cfg = model_config(cfg)
     if model_cfg is not None:
         data_cfg.image_size = int(model_cfg["image_size"])
@@ -186,12 +187,12 @@ def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, 
         ckpt,
         bool(cfg.use_ema),
         model_cfg=model_cfg,
-        classes=ClassificationDataModule(OmegaConf.merge(data_cfg, data_overrides(cfg)), batch_size=1).classes,
+        classes=ClassificationDataModule(merge(data_cfg, data_overrides(cfg)), batch_size=1).classes,
         preprocessing={k: data_cfg.get(k) for k in PREPROCESSING_KEYS},
         blob=blob,
     )
-    data_cfg = OmegaConf.merge(data_cfg, trained.preprocessing, data_overrides(cfg))
-    recipe = OmegaConf.to_container(train_cfg.recipe, resolve=True)
+    data_cfg = merge(data_cfg, trained.preprocessing, data_overrides(cfg))
+    recipe = to_dict(train_cfg.recipe, resolve=True)
     return trained, data_cfg, recipe
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config import compose_config
+from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,15 @@ def _changes(node: Mapping[str, Any], pristine: Mapping[str, Any]) -> dict[str, 
 
 def _profile(name: str) -> dict[str, Any]:
     """conf/hardware/NAME.yaml as a run with hardware=NAME composes it (its defaults list and conf/local included)."""
-    return OmegaConf.to_container(compose_config("train", [f"hardware={name}"]).hardware, resolve=False)
+    return to_dict(compose_config("train", [f"hardware={name}"]).hardware)
 
 
 def _follows_profile(node: DictConfig, key: str) -> bool:
     """Whether node.key is still the default interpolation of the hardware profile (not a value the user set)."""
-    return OmegaConf.is_interpolation(node, key) and str(node._get_node(key)._value()).startswith("${hardware.")
+    if not OmegaConf.is_interpolation(node, key):
+        return False
+    child = node._get_node(key)  # present: an interpolation is a node's value
+    return child is not None and str(child._value()).startswith("${hardware.")
 
 
 def resolve_auto_hardware(cfg: DictConfig) -> str | None:
@@ -89,7 +93,7 @@ def resolve_auto_hardware(cfg: DictConfig) -> str | None:
         return None if reason is None else str(reason)
     import torch  # here, not at import: imgcls.cli checks a config before it pays for importing torch
 
-    current = OmegaConf.to_container(hardware, resolve=False)
+    current = to_dict(hardware)
     if not torch.cuda.is_available():
         # auto.yaml is cpu.yaml under another name (its defaults list): its values, and the user's changes, stay.
         chosen, reason = {**current, "name": "cpu"}, "hardware=auto chose cpu: no CUDA GPU visible"
@@ -106,7 +110,7 @@ def resolve_auto_hardware(cfg: DictConfig) -> str | None:
         if "trainer" in cfg and _follows_profile(cfg.trainer, "devices"):
             chosen["devices"] = gpus  # a profile's count is its DGX's; this machine's GPUs are what it has
         changes = _changes({k: v for k, v in current.items() if k != "name"}, _profile(AUTO))
-        chosen = OmegaConf.to_container(OmegaConf.merge(chosen, changes), resolve=False)
+        chosen = to_dict(OmegaConf.merge(chosen, changes))
         gpu = f"{gpus}x {properties.name} ({memory_gib:.0f} GiB)"
         reason = f"hardware=auto chose {name}: {gpu}, {_why(name, properties.name)}"
         log.info(reason)

@@ -29,6 +29,7 @@ from imgcls.errors import ConfigError
 from imgcls.hardware import resolve_auto_hardware
 from imgcls.published import scaled_hours, throughput
 from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
+from imgcls.typed_config import to_dict
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
 
     check_devices=False skips comparing trainer.devices with this machine (for planning a GPU run
     on a CPU machine, e.g. in tests)."""
-    table = OmegaConf.to_container(cfg.hardware.batch, resolve=True)
+    table = to_dict(cfg.hardware.batch, resolve=True)
     per_device, global_batch, row_wd = lookup_batch(
         table, str(cfg.model.batch_profile), cfg.precision.memory_class, cfg.hardware.name
     )

@@ -22,6 +22,7 @@ from imgcls.rundir import check_run_files_are_ours
 from imgcls.seeding import seed_for_init
 from imgcls.storage import write_atomic
 from imgcls.trainer import build_trainer
+from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
 
     # 5. Model: identical initial weights on every rank (seeding.py).
     seed_for_init(int(cfg.seed))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = to_dict(cfg, resolve=True)
     module = ClassificationModule(
         model=resolved["model"], recipe=resolved["recipe"], plan=plan.as_dict(), classes=datamodule.classes,
         run_config=resolved,

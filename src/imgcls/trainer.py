@@ -9,7 +9,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.plugins.environments import SLURMEnvironment
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from imgcls.callbacks.preemption import without_lightning_signal_handling
 from imgcls.checkpoint import AtomicCheckpointIO
@@ -18,6 +18,7 @@ from imgcls.errors import ConfigError
 from imgcls.plan import RunPlan
 from imgcls.precision import resolve_precision
 from imgcls.sync_batchnorm import TimmSyncBatchNorm
+from imgcls.typed_config import to_dict
 
 
 def check_trainer_args(trainer_args: dict[str, Any]) -> None:
@@ -33,7 +34,7 @@ def check_trainer_args(trainer_args: dict[str, Any]) -> None:
 
 
 def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], loggers: list[Any]) -> L.Trainer:
-    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_args = to_dict(cfg.trainer, resolve=True)
     check_trainer_args(trainer_args)
     precision, plugins = resolve_precision(cfg.precision, str(trainer_args["accelerator"]))
     if plan.world_size > 1:

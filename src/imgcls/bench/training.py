@@ -20,7 +20,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from imgcls.callbacks.order import training_callbacks
 from imgcls.config_checks import check_config
@@ -32,6 +32,7 @@ from imgcls.plan import resolve_plan
 from imgcls.storage import write_json_atomic
 from imgcls.timing import StepTimer
 from imgcls.trainer import build_trainer
+from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     plan = resolve_plan(cfg)
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = to_dict(cfg, resolve=True)
     module = ClassificationModule(
         model=resolved["model"], recipe=resolved["recipe"], plan=plan.as_dict(), classes=datamodule.classes
     )

@@ -34,6 +34,7 @@ from imgcls.quantization import ptq
 from imgcls.quantization.qat import STATE_KEY as QUANTIZERS_KEY
 from imgcls.quantization.qat import without_quantizers
 from imgcls.storage import write_atomic
+from imgcls.typed_config import merge, to_dict
 
 # The default output's suffix after <stem>[_ema]; triton writes a folder (repo=).
 FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts", "int8": "_int8.onnx", "triton": ""}
@@ -108,14 +109,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def calibration_data(cfg: DictConfig, trained: TrainedModel, ckpt: str) -> DictConfig:
     """The data config calibration reads: the checkpoint's, with data.root=/data.num_workers=/
     data.on_bad_image= of the command line; a weights export has no data config, so data.root= is needed."""
-    given = {k: v for k, v in OmegaConf.to_container(cfg.get("data") or {}).items() if v is not None}
+    given = {k: v for k, v in (to_dict(cfg.data) if cfg.get("data") else {}).items() if v is not None}
     if trained.run_config.get("data"):
         base = OmegaConf.create(trained.run_config["data"])
     else:
         base = compose_train(["data=folder"]).data
         if not given.get("root"):
             raise DataError(f"format=int8 needs data.root=DIR (training images to calibrate on) for ckpt={ckpt}")
-    data = OmegaConf.merge(base, given)
+    data = merge(base, given)
     if not data.get("root") or str(data.root) == "???":
         raise DataError("format=int8 needs data.root=DIR (a folder dataset with train/ to calibrate on)")
     return data

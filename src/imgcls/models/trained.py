@@ -27,6 +27,7 @@ from imgcls.models.weights import (
     state_dict_of,
 )
 from imgcls.quantization import qat
+from imgcls.typed_config import to_dict
 
 # The data keys that make up the val preprocessing (what imgcls.data.transforms.val_transform reads).
 PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "val_crop_padding", "interpolation", "mean", "std")
@@ -62,7 +63,7 @@ class TrainedModel:
 
 
 def preprocessing_of(data_cfg: Any) -> dict[str, Any]:
-    data = OmegaConf.to_container(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
+    data = to_dict(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
     return {k: data.get(k) for k in PREPROCESSING_KEYS}  # get: checkpoints older than val_crop_padding lack it
 
 
