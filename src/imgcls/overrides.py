@@ -85,7 +85,7 @@ def check_command_line(config_name: str, argv: list[str], table: dict[str, Check
         if override.is_add() and exists:
             raise ConfigError(
                 f"{override.input_line}: {override.key_or_group} is already a key; set it without the +: "
-                f"{override.input_line.lstrip('+')}"
+                f"{_line(override).lstrip('+')}"
             )
         if not exists and not known(override.key_or_group, table):
             raise ConfigError(_unknown_key(cfg, override, table))
@@ -130,8 +130,9 @@ def check_group_choices(parsed: Iterable[Override]) -> None:
             continue
         allowed = options(group)
         value = override.value()
+        values: list[Any]
         if isinstance(value, Glob):
-            values = [] if value.filter(allowed) else [override.input_line.split("=", 1)[1]]
+            values = [] if value.filter(allowed) else [_line(override).split("=", 1)[1]]
         elif override.is_sweep_override():
             values = list(override.sweep_string_iterator())
         else:
@@ -254,8 +255,15 @@ def _check_groups(config_name: str, parsed: list[Override]) -> None:
         if override.is_add():
             raise ConfigError(
                 f"{override.input_line}: {group} is already a config group of {config_name}; choose it without the "
-                f"+: {override.input_line.lstrip('+')}"
+                f"+: {_line(override).lstrip('+')}"
             )
+
+
+def _line(override: Override) -> str:
+    """The override as typed. Hydra's parser sets input_line on every override it parses from a string, which is
+    how every override here was made; its type allows None for overrides built in code."""
+    assert override.input_line is not None
+    return override.input_line
 
 
 def _unknown_key(cfg: DictConfig, override: Override, table: dict[str, Check] | None) -> str:
@@ -270,14 +278,15 @@ def _unknown_key(cfg: DictConfig, override: Override, table: dict[str, Check] | 
             continue
         parent = ".".join(parts[:depth])
         deeper = depth < len(parts) - 1  # then only a mapping (or a group) is meant
-        level = set()
+        level: set[str] = set()
         if isinstance(node, DictConfig) and not node._is_none():
-            level = {k for k in node.keys() if not deeper or isinstance(node._get_node(k), DictConfig)}
+            level = {str(k) for k in node.keys() if not deeper or isinstance(node._get_node(k), DictConfig)}
         inside = f"{parent}." if parent else ""
         dots = depth + 1 if deeper else depth
         level |= {p.split(".")[depth] for p in table or {} if p.startswith(inside) and p.count(".") >= dots}
         level = {name for name in level if "*" not in name and name != "hydra"}
-        value = override.input_line.split("=", 1)[1] if "=" in override.input_line else None
+        line = _line(override)
+        value = line.split("=", 1)[1] if "=" in line else None
         close = difflib.get_close_matches(part, sorted(level | (set(GROUPS) if depth == 0 else set())), n=3)
         choice = next((g for g in close if depth == 0 and g in GROUPS and value in options(g)), None)
         if choice is not None:
