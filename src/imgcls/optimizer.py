@@ -4,7 +4,7 @@ decayed: recipe.weight_decay_on)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from timm.optim import RMSpropTF, param_groups_weight_decay
@@ -114,9 +114,13 @@ def _flat_copies(tensors: list[torch.Tensor]) -> dict[tuple[Any, Any], tuple[lis
     return {key: (group, torch.cat([t.reshape(-1) for t in group])) for key, group in groups.items()}
 
 
-def skips_overflowed_steps(optimizer_class: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+OptimizerT = TypeVar("OptimizerT", bound=torch.optim.Optimizer)
+
+
+def skips_overflowed_steps(optimizer_class: type[OptimizerT]) -> type[OptimizerT]:
     """optimizer_class with SkipsOverflowedSteps (same name, arguments, state dict)."""
-    return type(optimizer_class.__name__, (SkipsOverflowedSteps, optimizer_class), {})
+    # A subclass of optimizer_class, made by type(), whose result mypy knows only as `type`.
+    return cast(type[OptimizerT], type(optimizer_class.__name__, (SkipsOverflowedSteps, optimizer_class), {}))
 
 
 def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = True) -> torch.optim.Optimizer:

@@ -71,7 +71,7 @@ def build_scheduler(
     Stepped every optimizer step with the optimizer-step count, with timm's schedulers rather than hand-written
     formulas; EpochStartLR holds it at epoch starts, as NVIDIA's PyTorch code changes it.
     """
-    common = {"warmup_t": warmup_steps, "warmup_lr_init": 0.0, "t_in_epochs": False}
+    common: dict[str, Any] = {"warmup_t": warmup_steps, "warmup_lr_init": 0.0, "t_in_epochs": False}
     decay_steps = max(1, total_steps - warmup_steps)
     if schedule == "cosine":
         return CosineLRScheduler(optimizer, t_initial=decay_steps, lr_min=end_lr, warmup_prefix=True, **common)
@@ -86,6 +86,8 @@ def build_scheduler(
         decay_t = [round(m * steps_per_epoch) + 1 for m in milestones]
         return MultiStepLRScheduler(optimizer, decay_t=decay_t, decay_rate=0.1, warmup_prefix=False, **common)
     if schedule == "exponential":
+        if decay_rate is None or decay_epochs is None:  # config_checks requires both with this schedule
+            raise ValueError("schedule 'exponential' needs decay_rate and decay_epochs")
         steps_per_epoch = total_steps / max(1, epochs or 1)
         return StepLRScheduler(
             optimizer, decay_t=decay_epochs * steps_per_epoch, decay_rate=decay_rate, warmup_prefix=True, **common
