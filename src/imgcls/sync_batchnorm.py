@@ -41,7 +41,7 @@ def _to_batchnorm_act(sync: SyncBatchNormAct, plugin: TimmSyncBatchNorm) -> Batc
     plain = BatchNormAct2d(
         sync.num_features,
         eps=sync.eps,
-        momentum=sync.momentum,
+        momentum=sync.momentum,  # type: ignore[arg-type]  # timm types it float; BatchNorm2d, its base, takes None
         affine=sync.affine,
         track_running_stats=sync.track_running_stats,
         apply_act=False,
@@ -54,8 +54,8 @@ def _to_batchnorm_act(sync: SyncBatchNormAct, plugin: TimmSyncBatchNorm) -> Batc
     plain.running_var = sync.running_var
     plain.num_batches_tracked = sync.num_batches_tracked
     plain.training = sync.training
-    plain.drop = plugin.revert(sync.drop)
-    plain.act = plugin.revert(sync.act)
+    plain.drop = plugin.revert(sync.get_submodule("drop"))
+    plain.act = plugin.revert(sync.get_submodule("act"))
     return plain
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 # timm's SE blocks: ResNet-family `attn_layer="se"` and EfficientNet's (also imgcls's wide SE).
 SE_BLOCKS = (SEModule, SqueezeExcite)
+
+# model.conv_init's He modes (after CONV_INIT_ALIASES) as kaiming_normal_'s mode argument.
+FAN_MODES: dict[str, Literal["fan_in", "fan_out"]] = {"fan_in": "fan_in", "fan_out": "fan_out"}
 
 
 def build_network(cfg: Any, num_classes: int) -> nn.Module:
@@ -80,7 +83,7 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
         elif isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and id(module) in squeeze_excitation):
             module.reset_parameters()
         elif isinstance(module, nn.Conv2d):
-            nn.init.kaiming_normal_(module.weight, mode=conv_init, nonlinearity="relu")
+            nn.init.kaiming_normal_(module.weight, mode=FAN_MODES[conv_init], nonlinearity="relu")
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -88,8 +91,9 @@ def init_nvidia(net: nn.Module, conv_init: str = "fan_in", zero_init_last_bn: bo
             nn.init.zeros_(module.bias)
     if zero_init_last_bn:
         for module in net.modules():
-            if hasattr(module, "zero_init_last") and module is not net:
-                module.zero_init_last()
+            zero_init_last = getattr(module, "zero_init_last", None)  # timm's residual blocks have it
+            if zero_init_last is not None and module is not net:
+                zero_init_last()
 
 
 def init_tensorflow(module: nn.Conv2d | nn.Linear, scheme: str, in_squeeze_excitation: bool = False) -> None:

@@ -94,10 +94,11 @@ def _efficientnet(state: dict[str, torch.Tensor], old: bool) -> dict[str, torch.
     expanding = {(s[0], s[1]) for s in split.values() if s and s[2].startswith("expand.conv.")}
     out = {}
     for key, value in state.items():
-        if split[key] is None:
+        parts = split[key]
+        if parts is None:
             out[_rename(key, _EFFICIENTNET_TOP) or key] = value
             continue
-        stage, block, inner = split[key]
+        stage, block, inner = parts
         table = _MBCONV if (stage, block) in expanding else _DEPTHWISE_SEPARABLE
         renamed = _rename(inner, table)
         is_se = inner.startswith("se.")

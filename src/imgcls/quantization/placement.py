@@ -19,7 +19,7 @@ quantizer state is restored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from timm.models._efficientnet_blocks import DepthwiseSeparableConv, InvertedResidual, SqueezeExcite
@@ -39,6 +39,11 @@ def _quantizer(calibrator: str) -> nn.Module:
 class QuantSqueezeExcite(SqueezeExcite):
     """timm's SqueezeExcite.forward with NVIDIA's quantized SE: pooling input, gate and features quantized."""
 
+    if TYPE_CHECKING:  # the submodules add_quantizers adds (for the checker only: torch.jit.script reads annotations)
+        pool_quantizer: nn.Module
+        mul_a_quantizer: nn.Module
+        mul_b_quantizer: nn.Module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_se = self.pool_quantizer(x).mean((2, 3), keepdim=True)
         x_se = self.conv_reduce(x_se)
@@ -49,6 +54,10 @@ class QuantSqueezeExcite(SqueezeExcite):
 
 class QuantInvertedResidual(InvertedResidual):
     """timm's InvertedResidual.forward with the identity shortcut quantized before the addition."""
+
+    if TYPE_CHECKING:  # for the checker only: torch.jit.script reads class annotations
+        residual_quantizer: nn.Module  # added by add_quantizers after the class change
+        aa: nn.Module  # timm's create_aa: nn.Identity when off (its noop default), so never None in these blocks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x
@@ -70,6 +79,10 @@ class QuantInvertedResidual(InvertedResidual):
 
 class QuantDepthwiseSeparableConv(DepthwiseSeparableConv):
     """timm's DepthwiseSeparableConv.forward with the identity shortcut quantized before the addition."""
+
+    if TYPE_CHECKING:  # for the checker only: torch.jit.script reads class annotations
+        residual_quantizer: nn.Module  # added by add_quantizers after the class change
+        aa: nn.Module  # timm's create_aa: nn.Identity when off (its noop default), so never None in these blocks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x
@@ -119,7 +132,7 @@ def add_quantizers(net: nn.Module, quantizers: str, calibrator: str = "max") -> 
 
 def extra_quantizer_names(net: nn.Module) -> set[str]:
     """The module names of the quantizers add_quantizers added to net."""
-    names = set()
+    names: set[str] = set()
     for prefix, module in net.named_modules():
         for cls, quantizers in _QUANTIZED.values():
             if type(module) is cls:

@@ -58,7 +58,7 @@ CHECKS = {
 def options(cfg: DictConfig) -> dict[str, Any]:
     """The calibration keys, checked before the checkpoint is loaded (a typo costs no model load)."""
     calibration = cfg.get("calibration") or {}
-    opts = {key: calibration.get(key) for key in CHECKS}
+    opts: dict[str, Any] = {key: calibration.get(key) for key in CHECKS}
     for key, check in CHECKS.items():
         allowed = check(opts[key])
         if allowed is not None:
