@@ -33,7 +33,7 @@ def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
         run_id = id_file.read_text().strip()
     else:
         run_id = uuid.uuid4().hex[:8]  # W&B ids are short lowercase alphanumerics
-        if rank_zero_only.rank == 0:
+        if _is_rank_zero():
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id + "\n")
     logger = WandbLogger(
@@ -50,6 +50,11 @@ def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
     return logger
 
 
+def _is_rank_zero() -> bool:
+    # Lightning sets `rank` on the rank_zero_only function when it is imported; its type is a plain function's.
+    return rank_zero_only.rank == 0  # type: ignore[attr-defined]
+
+
 class _AppendingWriter(ExperimentWriter):
     """Lightning's CSV writer deletes an existing metrics.csv when it starts; a resumed run must
     append to it instead, with the header it already has."""
@@ -61,6 +66,8 @@ class _AppendingWriter(ExperimentWriter):
 
 
 class ResumableCSVLogger(CSVLogger):
+    _experiment: _AppendingWriter | None  # the only writer this logger makes (experiment, below)
+
     @property
     def experiment(self) -> _AppendingWriter:
         if self._experiment is None:
@@ -73,5 +80,5 @@ def close_loggers(loggers: list[Logger]) -> None:
     """Finish W&B runs (Lightning leaves them open): a sweep's next job then starts a fresh run, and
     offline runs get their summary written."""
     for logger in loggers:
-        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0 and logger._experiment is not None:
+        if isinstance(logger, WandbLogger) and _is_rank_zero() and logger._experiment is not None:
             logger.experiment.finish()

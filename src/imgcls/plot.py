@@ -78,7 +78,7 @@ def draw_chart(name: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> Figur
     title, ylabel, series = CHARTS[name]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    values = []
+    values: list[float] = []
     for i, (label, rows) in enumerate(runs):
         for key, style in series:
             points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]  # epochs from 1

@@ -56,13 +56,13 @@ def _number(cell: str) -> int | float | None:
 @cache
 def runs() -> tuple[Run, ...]:
     with TABLE.open(newline="") as f:
-        return tuple(
-            Run(
-                **{key: cell if key in TEXT else _number(cell) for key, cell in row.items()}
-                | {"experiment": row["experiment"] or None}
-            )
-            for row in csv.DictReader(f)
-        )
+        return tuple(_run(row) for row in csv.DictReader(f))
+
+
+def _run(row: dict[str, str]) -> Run:
+    """One row of the table: the text columns as written (an empty experiment is None), the others numbers."""
+    fields: dict[str, Any] = {key: cell if key in TEXT else _number(cell) for key, cell in row.items()}
+    return Run(**fields | {"experiment": row["experiment"] or None})
 
 
 @cache

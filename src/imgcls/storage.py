@@ -34,7 +34,7 @@ def readable_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~_UMASK
 
 
-def write_atomic(path: Path, write: Callable[[Path], None], what: str = "", durable: bool = False) -> None:
+def write_atomic(path: Path, write: Callable[[Path], object], what: str = "", durable: bool = False) -> None:
     """Write `path` via `write(temp_path)` and rename it into place. `what` names the file in errors
     ("checkpoint"). durable=True (checkpoints, always in RUN_DIR/checkpoints, a folder imgcls made) fsyncs
     the bytes and the rename, and reuses one temp name, `NAME.tmp`: a save killed mid-write (kill -9, OOM)

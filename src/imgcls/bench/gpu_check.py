@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: --data {args.data} needs train/ and val/ folders of class folders of JPEGs")
         return 2
     run_root = tempfile.mkdtemp(prefix="imgcls-gpu-check-")  # after the checks above: no empty folder left behind
-    rows = []
+    rows: list[dict[str, Any]] = []
     for check in plan(hardware, gpus, args.data, args.steps, run_root):
         if args.only and check.path not in args.only.split(","):
             continue

@@ -84,7 +84,8 @@ class EpochLog(L.Callback):
         if row["epoch"] == self._logged:
             return
         self._logged = row["epoch"]
-        stop = trainer.max_epochs if (trainer.max_epochs or -1) > 0 else self.epochs  # this invocation's end
+        max_epochs = trainer.max_epochs
+        stop = max_epochs if max_epochs is not None and max_epochs > 0 else self.epochs  # this invocation's end
         last_epoch = min(self.epochs, stop)
         seconds = time.perf_counter() - self._started
         log.info("%s", epoch_line(row, self.epochs, seconds, max(0, last_epoch - row["epoch"] - 1)))

@@ -148,8 +148,9 @@ def without_lightning_signal_handling(trainer: L.Trainer) -> None:
     epoch_loop = trainer.fit_loop.epoch_loop
     if not hasattr(connector, "register_signal_handlers") or not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
         raise RuntimeError("lightning's signal handling moved: update imgcls/callbacks/preemption.py")
-    connector.register_signal_handlers = lambda: None
-    epoch_loop._broadcast_sigterm_tensor = lambda: None  # noqa: SLF001
+    # Replacing these methods on this trainer's instances is the point (mypy flags any method assignment).
+    connector.register_signal_handlers = lambda: None  # type: ignore[method-assign]
+    epoch_loop._broadcast_sigterm_tensor = lambda: None  # type: ignore[method-assign]  # noqa: SLF001
     if trainer.strategy.launcher is not None:
         _launchers.append(trainer.strategy.launcher)
 
