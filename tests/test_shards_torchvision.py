@@ -15,13 +15,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from imgcls.data.backends import ShardBackend, make_backend
+from imgcls.data.backends import make_backend
 from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards import tfrecord, webdataset
 from imgcls.data.shards.convert import convert
 from imgcls.data.shards.epoch_plan import epoch_plan, loader_order, rank_range
 from imgcls.data.shards.manifest import manifest_document, write_manifest
 from imgcls.data.shards.stream import ShardStreamSampler
+from imgcls.data.torchvision.backend import ShardBackend
 from imgcls.errors import DataError
 from tests.conftest import compose_config, make_image_folder, tiny_overrides
 

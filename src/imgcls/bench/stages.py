@@ -111,7 +111,7 @@ def run(argv: list[str]) -> None:
     import lightning as L  # noqa: N812
 
     import imgcls.train
-    from imgcls.data import backends
+    from imgcls.data.torchvision.backend import TorchvisionBackend
     from imgcls.module import ClassificationModule
 
     if args.backend.startswith("dali"):
@@ -123,8 +123,8 @@ def run(argv: list[str]) -> None:
         _after(FileList, "__init__", probe, lambda files: f"file list ({len(files)} files)")
         _after(dali.DaliBackend, "loader", probe, "loader built (DALI ran its first batch)")
     else:
-        _after(backends.TorchvisionBackend, "dataset", probe, "file list (ImageFolder)")
-        _after(backends.TorchvisionBackend, "loader", probe, "loader built")
+        _after(TorchvisionBackend, "dataset", probe, "file list (ImageFolder)")
+        _after(TorchvisionBackend, "loader", probe, "loader built")
     probe.mark("imports")
     steps = {"n": 0}
     forward = ClassificationModule.training_step

@@ -57,7 +57,7 @@ class ClassificationDataModule(L.LightningDataModule):
     def _spec(self, split: str, batch_size: int, **options: Any) -> LoaderSpec:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        # The device this rank trains on: None outside a fit (evaluate's own loop, tests).
+        # The device this rank trains on: the CPU outside a fit (evaluate's own loop, tests).
         strategy = getattr(trainer, "strategy", None)
         device = strategy.root_device if strategy is not None else torch.device("cpu")
         return LoaderSpec(split, batch_size, rank, world, self.seed, device=device, **options)
