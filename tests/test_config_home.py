@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
 from imgcls.config import CONF_DIR, options
-from imgcls.config_checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, rule_for
+from imgcls.config_checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
 from imgcls.config_reference import reference
+from imgcls.errors import ConfigError
 from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
 from tests.conftest import compose_config
 
@@ -47,7 +48,6 @@ ALLOWED: dict[str, str] = {
     "classify/__init__.py::image_paths": "command: classify's images",
     "classify/__init__.py::load_predictor": "command: classify's backend, and model= against an ONNX ckpt (data)",
     "config.py::required_ckpt": "consumer: ckpt is `???` until a command needs it (config_checks.leaves)",
-    "data/augment.py::augment_policy": "left: data.autoaugment_policy re-checked (data/ under refactor)",
     "data/augment.py::parse_randaugment": "consumer: data.randaugment, timm's RandAugment string",
     "data/backends.py::_dali.build": "library: NVIDIA DALI does not import",
     "data/backends.py::make_backend": "consumer: data.backend names a registered backend",
@@ -56,8 +56,6 @@ ALLOWED: dict[str, str] = {
     "data/dali/host_resize.py::resize_on_host": "consumer: data.dali_train_resize and what the torch resize can run",
     "data/dali/pipelines.py::interp_type": "library: the interpolations DALI has",
     "data/dali/pipelines.py::train_pipeline": "consumer: data.augment",
-    "data/dali/settings.py::DaliSettings.from_config": "left: dali_resize_threads / dali_host_prefetch re-checked",
-    "data/progressive.py::schedule_from_config": "left: data.progressive ranges and cross-key rules (data/)",
     "data/shards/__main__.py::main": "command: python -m imgcls.data.shards's subcommand",
     "data/shards/cache.py::parse": "command: `shards cache`'s arguments",
     "data/shards/cache.py::parse_size": "command: --max-size",
@@ -244,3 +242,28 @@ def test_each_group_schema_holds_its_own_group_keys() -> None:
         else:
             assert not any(key.split(".")[0] in SCHEMAS for key in schema)
     assert TRAIN == {key: check for schema in SCHEMAS.values() for key, check in schema.items()}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # Ranges the schema checks, which the DALI settings and the AutoAugment policy no longer check again.
+        (["data.dali_resize_threads=-1"], "^data.dali_resize_threads=-1 must be an integer >= 0$"),
+        (["data.dali_host_prefetch=true"], "^data.dali_host_prefetch=true must be an integer >= 0$"),
+        (["data.autoaugment_policy=v9"], "^data.autoaugment_policy=v9 must be one of v0, v0r, original, originalr$"),
+        (["data.progressive.multiple_of=0"], "^data.progressive.multiple_of=0 must be a positive integer$"),
+        # data.progressive's cross-key rules, moved from data/progressive.py into check_config.
+        (["data.progressive.start_size=512"], "start_size=512 must be a positive size no larger than end_size=224"),
+        (["data.progressive.stages=91"], "stages=91 must be between 1 and the epochs \\(90\\)"),
+        (["data.progressive.start_epoch=5", "data.progressive.end_epoch=5"], "end_epoch=5 must be after start_epoch=5"),
+        (["data.progressive.start_magnitude=2"], "start_magnitude ramps RandAugment, but data.augment=null"),
+    ],
+)
+def test_the_schema_refuses_what_runtime_code_no_longer_checks(overrides: list[str], message: str) -> None:
+    cfg = compose_config(["hardware=cpu", "data.progressive.enabled=true", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
+def test_a_progressive_schedule_the_schema_allows_passes() -> None:
+    check_config(compose_config(["hardware=cpu", "data.progressive.enabled=true", "data.progressive.end_epoch=80"]))

@@ -180,7 +180,6 @@ TOP: dict[str, Check] = {
     "compile": boolean,
     "run_dir": anything,
     "expected": anything,  # an experiment's published result, copied to report.json as is
-    "expected.*": anything,
 }
 MODEL: dict[str, Check] = {
     "model.name": anything,
@@ -396,6 +395,8 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 # Mappings no shipped config fills that a user fills with `+KEY=...` (imgcls.overrides lets these through too).
 OPEN: dict[str, Check] = {
     "data.storage_options.*": anything,  # fsspec's options for remote shards (docs/shards.md), checked by fsspec
+    # An experiment's result is one ${imgcls.published:...} value; a user may fill the default's null by hand.
+    "expected.*": anything,
 }
 
 # `python evaluate.py`: its own keys; model and precision (optional groups) as for training.
@@ -464,6 +465,30 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _check_progressive(data: DictConfig) -> None:
+    """data.progressive's cross-key rules (data/progressive.py builds the schedule from a config that passes them)."""
+    prog = data.progressive
+    end_size = prog.end_size or data.image_size  # null: the final size is data.image_size
+    start_size = prog.start_size or end_size
+    if start_size > end_size:
+        raise ConfigError(
+            f"data.progressive.start_size={start_size} must be a positive size no larger than end_size={end_size}"
+        )
+    total, stages = prog.total_epochs, prog.get("stages")
+    if stages is not None and stages > total:
+        raise ConfigError(f"data.progressive.stages={stages} must be between 1 and the epochs ({total})")
+    start_epoch, end_epoch = prog.get("start_epoch") or 0, prog.get("end_epoch")
+    if stages is None and end_epoch is not None and end_epoch <= start_epoch:
+        raise ConfigError(
+            f"data.progressive.end_epoch={end_epoch} must be after start_epoch={start_epoch} (the ramp's first epoch)"
+        )
+    if prog.get("start_magnitude") is not None and data.get("augment") != "randaugment":
+        raise ConfigError(
+            f"data.progressive.start_magnitude ramps RandAugment, but data.augment={_shown(data.get('augment'))}; "
+            "set data.augment=randaugment or start_magnitude=null"
+        )
+
+
 def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: bool = True) -> None:
     """Raise ConfigError for the first value the table does not allow (or an odd batch with mixup); warn about
     a warmup as long as the run (unless warn=False: the CLI's early check, before the command checks again)."""
@@ -508,6 +533,8 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
             f"recipe={recipe.get('name')} fine-tunes a trained network with fake INT8 quantizers: set "
             "model.weights=PATH (a checkpoint or weights file of the fp32 network)"
         )
+    if data is not None and data.get("progressive") and data.progressive.get("enabled"):
+        _check_progressive(data)
     precision = cfg.get("precision")
     if data is not None and data.get("dali_fp16") is True and precision is not None:
         # Autocast (fp16 or bf16) casts the half images at the first conv; fp32/tf32 convs would get Half input.

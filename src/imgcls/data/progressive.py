@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgcls.data.augment import parse_randaugment
-from imgcls.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -72,39 +71,20 @@ class ProgressiveSchedule:
 
 
 def schedule_from_config(cfg: Any) -> ProgressiveSchedule | None:
-    """The data config's `progressive` block as a schedule; None when off. One-line errors for bad values."""
+    """The data config's `progressive` block as a schedule; None when off. config_checks has checked its values."""
     prog = cfg.get("progressive")
     if not prog or not prog.get("enabled"):
         return None
     end_size = int(prog.end_size or cfg.image_size)
     start_size = int(prog.start_size or end_size)
     total = int(prog.total_epochs)
-    if not 0 < start_size <= end_size:
-        raise ConfigError(
-            f"data.progressive.start_size={start_size} must be a positive size no larger than end_size={end_size}"
-        )
-    if total < 1:
-        raise ConfigError(f"data.progressive.total_epochs={total} must be at least 1")
     stages = int(prog.stages) if prog.get("stages") is not None else None
-    if stages is not None and not 1 <= stages <= total:
-        raise ConfigError(f"data.progressive.stages={stages} must be between 1 and the epochs ({total})")
     start_epoch = int(prog.get("start_epoch") or 0)
     end_epoch = int(prog.end_epoch) if prog.get("end_epoch") is not None else None
-    if stages is None and end_epoch is not None and end_epoch <= start_epoch:
-        raise ConfigError(
-            f"data.progressive.end_epoch={end_epoch} must be after start_epoch={start_epoch} (the ramp's first epoch)"
-        )
     multiple = int(prog.get("multiple_of") or 1)
-    if multiple < 1:
-        raise ConfigError(f"data.progressive.multiple_of={multiple} must be a positive number of pixels")
     start_mag = prog.get("start_magnitude")
     end_mag = None
     if start_mag is not None:
-        if cfg.get("augment") != "randaugment":
-            raise ConfigError(
-                f"data.progressive.start_magnitude ramps RandAugment, but data.augment={cfg.get('augment')}; "
-                "set data.augment=randaugment or start_magnitude=null"
-            )
         end_mag = parse_randaugment(str(cfg.randaugment))[1]
         start_mag = int(start_mag)
     return ProgressiveSchedule(

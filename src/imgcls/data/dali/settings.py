@@ -8,7 +8,6 @@ from typing import Any
 
 from imgcls.data.augment import parse_randaugment
 from imgcls.data.tf_crop import DistortedCrop, crop_spec
-from imgcls.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -47,12 +46,6 @@ class DaliSettings:
     def from_config(cls, cfg: Any, gpu: bool) -> DaliSettings:
         """The settings of data config CFG; a value DALI cannot take is a one-line ConfigError (an interpolation
         DALI lacks: pipelines.interp_type, which the backend calls)."""
-        threads = cfg.get("dali_resize_threads")
-        if threads is not None and (not isinstance(threads, int) or threads < 0):  # 0 or 1: one thread
-            raise ConfigError(f"data.dali_resize_threads={threads} must be a whole number >= 0 (default: num_workers)")
-        prefetch = cfg.get("dali_host_prefetch", 1)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-            raise ConfigError(f"data.dali_host_prefetch={prefetch} must be a whole number >= 0 (0: no thread)")
         randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
         return cls(
             gpu=gpu,
@@ -75,8 +68,8 @@ class DaliSettings:
             tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,
             object_boxes=bool(cfg.get("train_crop_object_boxes")),
             train_resize=str(cfg.get("dali_train_resize") or "auto"),
-            resize_threads=int(threads or 1),
-            host_prefetch=prefetch,
+            resize_threads=int(cfg.get("dali_resize_threads") or 1),  # 0 or 1: one thread
+            host_prefetch=int(cfg.get("dali_host_prefetch", 1)),
             checkpointing=bool(cfg.get("dali_checkpointing", True)),
             trace_dir=str(cfg.trace_dir) if cfg.get("trace_dir") else None,
         )
