@@ -71,7 +71,6 @@ ALLOWED: dict[str, str] = {
     "data/shards/manifest.py::_count": "data: remote shards need data.shard_cache to be counted",
     "data/shards/remote.py::local_copy": "data: remote shards need data.shard_cache",
     "data/shards/remote.py::_filesystem": "library: fsspec refuses data.storage_options",
-    "data/synthetic.py::SyntheticBackend.__init__": "left: backend=synthetic needs data.num_classes (data/)",
     "evaluate.py::evaluate_onnx": "data: ckpt is an ONNX file",
     "export/__init__.py::run": "command: export's format and output (a file on disk)",
     "export/triton.py::options": "command: format=triton's own keys; library: tritonclient",
@@ -257,6 +256,8 @@ def test_each_group_schema_holds_its_own_group_keys() -> None:
         (["data.progressive.stages=91"], "stages=91 must be between 1 and the epochs \\(90\\)"),
         (["data.progressive.start_epoch=5", "data.progressive.end_epoch=5"], "end_epoch=5 must be after start_epoch=5"),
         (["data.progressive.start_magnitude=2"], "start_magnitude ramps RandAugment, but data.augment=null"),
+        # data/synthetic.py's rule: no folder to count the classes in.
+        (["data=folder", "data.backend=synthetic"], "^data.num_classes must be set for the synthetic backend"),
     ],
 )
 def test_the_schema_refuses_what_runtime_code_no_longer_checks(overrides: list[str], message: str) -> None:

@@ -533,6 +533,9 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
             f"recipe={recipe.get('name')} fine-tunes a trained network with fake INT8 quantizers: set "
             "model.weights=PATH (a checkpoint or weights file of the fp32 network)"
         )
+    if table is TRAIN and data is not None and data.get("backend") == "synthetic" and not data.get("num_classes"):
+        # No folder to count classes in (evaluate's null is the checkpoint's count).
+        raise ConfigError("data.num_classes must be set for the synthetic backend (e.g. 1000)")
     if data is not None and data.get("progressive") and data.progressive.get("enabled"):
         _check_progressive(data)
     precision = cfg.get("precision")
