@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
 from imgcls.config import CONF_DIR, options
 from imgcls.config_checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
-from imgcls.config_reference import reference
+from imgcls.config_reference import read_yaml_keys, reference
 from imgcls.errors import ConfigError
 from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
 from tests.conftest import compose_config
@@ -268,3 +268,42 @@ def test_the_schema_refuses_what_runtime_code_no_longer_checks(overrides: list[s
 
 def test_a_progressive_schedule_the_schema_allows_passes() -> None:
     check_config(compose_config(["hardware=cpu", "data.progressive.enabled=true", "data.progressive.end_epoch=80"]))
+
+
+# data/_base.yaml's keys that repeat another group's value: the data module reads one node, and the group that
+# chooses the value (the machine, the network, the recipe) is another. Renaming either side would break documented
+# command lines (data.backend=, data.num_workers=, model.image_size=, recipe.augment= ...); this list keeps the set
+# from growing unnoticed. docs/config-keys.md shows each as its interpolation, naming where the value comes from.
+MIRRORS = {
+    "backend": "hardware.data_backend",
+    "num_workers": "hardware.num_workers",
+    "prefetch_factor": "hardware.prefetch_factor",
+    "pin_memory": "hardware.pin_memory",
+    "image_size": "model.image_size",
+    "channels_last": "model.channels_last",
+    "train_crop": "recipe.train_crop",
+    "train_crop_object_boxes": "recipe.train_crop_object_boxes",
+    "interpolation": "recipe.interpolation",
+    "augment": "recipe.augment",
+    "autoaugment_policy": "recipe.autoaugment_policy",
+    "randaugment": "recipe.randaugment",
+    "progressive.enabled": "recipe.stagewise",
+    "progressive.start_size": "recipe.base_image_size",
+    "progressive.stages": "recipe.stages",
+    "progressive.total_epochs": "recipe.epochs",
+    "progressive.start_magnitude": "recipe.base_randaug_magnitude",
+}
+
+
+def test_the_data_keys_that_mirror_another_group_are_the_listed_ones() -> None:
+    found = {}
+    for key, entry in read_yaml_keys(CONF_DIR / "data" / "_base.yaml").items():
+        match = re.match(r"\$\{(?:oc\.select:)?((?:hardware|model|recipe)\.\w+)", entry.value)
+        if match:
+            found[key] = match.group(1)
+    assert found == MIRRORS
+    for key, source in MIRRORS.items():  # both names allow the same values (the data side may add null)
+        mine, theirs = rule_for(f"data.{key}", TRAIN), rule_for(source, TRAIN)
+        assert mine is not None and theirs is not None, key
+        if anything not in (mine, theirs):
+            assert mine(object()).removesuffix(" or null") == theirs(object()).removesuffix(" or null"), key

@@ -295,7 +295,7 @@ DATA: dict[str, Check] = {
     "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval: resize to image_size + N (PYT crop_padding 32)
     "data.train_crop_scale": numbers(2, 0, 1, ordered=True, open_low=True),
     "data.train_crop_ratio": numbers(2, 0, ordered=True, open_low=True),
-    "data.train_crop": choice("random_resized", "tf"),  # tf: TF's sample_distorted_bounding_box (data/tf_crop.py)
+    "data.train_crop": RECIPE["recipe.train_crop"],  # tf: TF's sample_distorted_bounding_box (data/tf_crop.py)
     "data.train_crop_min_object_covered": number(0, 1),
     "data.train_crop_attempts": POSITIVE,
     "data.train_crop_object_boxes": boolean,
