@@ -130,9 +130,14 @@ class ClassificationDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = dict(state_dict or {})
         epoch = state.pop("epoch", None)
-        # A checkpoint of an earlier imgcls whose DALI loader kept no state of its own holds it in the
-        # DataModule's own keys (the DALI backend reads that layout too).
-        self._resume = state.pop("train_loader", None) or (state and {**state, "epoch": epoch}) or None
+        if "train_loader" in state:
+            self._resume = state["train_loader"] or None
+        elif state:
+            # A checkpoint of an earlier imgcls, whose loader kept no state of its own, holds it in the DataModule's
+            # own keys: handed over as it is, with its epoch (the backend that wrote it reads that layout too).
+            self._resume = {**state, "epoch": epoch}
+        else:
+            self._resume = None
         self._saved_epoch = int(epoch) if epoch is not None else None
 
     def val_dataloader(self) -> Any:

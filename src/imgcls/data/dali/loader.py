@@ -172,17 +172,14 @@ class DaliLoader:
         order and seed), for the epoch after one the consumer left early (_finish_epoch)."""
         batch_size, rank, world_size = spec.batch_size, spec.rank, spec.world_size
         drop_last = spec.split == "train"
-        channels_last, prefetch = settings.channels_last, settings.host_prefetch
-        checkpointing = settings.checkpoints(spec.split)
-        trace = Path(settings.trace_dir) / f"{spec.split}_rank{rank}" if settings.trace_dir else None
-        self.channels_last = channels_last
+        self.channels_last = settings.channels_last
         self.host_resize = host_resize
         self.files = files
         self.bad_images = bad_images or BadImageLog("skip")
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.refill = drop_last and world_size > 1  # training under DDP: equal step counts (equal_step_counts)
-        self.trace = trace
+        self.trace = Path(settings.trace_dir) / f"{spec.split}_rank{rank}" if settings.trace_dir else None
         self.epoch = 0
         total = len(files)
         # The reader's part for this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it (its shard_id).
@@ -198,7 +195,7 @@ class DaliLoader:
         # The steps the trainer takes from an epoch (Lightning's rule for trainer.limit_train_batches).
         limit = spec.limit_batches
         self.steps_per_epoch = min(self.length, limit) if isinstance(limit, int) else int(self.length * limit)
-        self.prefetch = max(0, int(prefetch)) if host_resize is not None else 0
+        self.prefetch = max(0, int(settings.host_prefetch)) if host_resize is not None else 0
         ring = getattr(host_resize, "ring", None)
         if ring is not None and ring.slots < ring_slots(self.prefetch):
             raise ValueError(
@@ -212,7 +209,7 @@ class DaliLoader:
         self._end = weakref.finalize(self, _release, self._pipes, self._worker)
         self._end.atexit = False
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
-        self.checkpointing = checkpointing
+        self.checkpointing = settings.checkpoints(spec.split)
         self.signature = list(signature)
         self.first_epoch = int(first_epoch)
         self._position: dict[str, Any] = {}  # where the consumer is (position())
