@@ -172,7 +172,7 @@ def test_unknown_policy_is_a_config_error(dirty: Path, tmp_path: Path, capsys: p
     with pytest.raises(SystemExit) as exit_info:
         guarded(run, compose_config(tiny_overrides(dirty, "data.on_bad_image=ignore"), run_dir=tmp_path))
     assert exit_info.value.code == 2
-    assert "data.on_bad_image=ignore is not allowed; use skip or error" in capsys.readouterr().err
+    assert "data.on_bad_image=ignore must be one of skip, error" in capsys.readouterr().err
 
 
 # --- mixup/cutmix with a skipped file (docs/reliability.md, "Bad images") ---------------------------------

@@ -51,11 +51,8 @@ ALLOWED: dict[str, str] = {
     "data/augment.py::parse_randaugment": "consumer: data.randaugment, timm's RandAugment string",
     "data/backends.py::_dali.build": "library: NVIDIA DALI does not import",
     "data/backends.py::make_backend": "consumer: data.backend names a registered backend",
-    "data/bad_images.py::check_policy": "consumer: data.on_bad_image",
     "data/dali/backend.py::DaliBackend.__init__": "machine: dali_gpu without a CUDA GPU",
-    "data/dali/host_resize.py::resize_on_host": "consumer: data.dali_train_resize and what the torch resize can run",
     "data/dali/pipelines.py::interp_type": "library: the interpolations DALI has",
-    "data/dali/pipelines.py::train_pipeline": "consumer: data.augment",
     "data/shards/__main__.py::main": "command: python -m imgcls.data.shards's subcommand",
     "data/shards/cache.py::parse": "command: `shards cache`'s arguments",
     "data/shards/cache.py::parse_size": "command: --max-size",
@@ -256,6 +253,19 @@ def test_each_group_schema_holds_its_own_group_keys() -> None:
         (["data.progressive.stages=91"], "stages=91 must be between 1 and the epochs \\(90\\)"),
         (["data.progressive.start_epoch=5", "data.progressive.end_epoch=5"], "end_epoch=5 must be after start_epoch=5"),
         (["data.progressive.start_magnitude=2"], "start_magnitude ramps RandAugment, but data.augment=null"),
+        (["data.on_bad_image=ignore"], "^data.on_bad_image=ignore must be one of skip, error$"),
+        (["data.dali_train_resize=opencv"], "^data.dali_train_resize=opencv must be one of auto, torch, dali$"),
+        (["recipe.augment=mixup"], "^recipe.augment=mixup must be one of autoaugment, randaugment or null$"),
+        (["data.augment=cutout"], "^data.augment=cutout must be one of autoaugment, randaugment or null$"),
+        # data/dali/host_resize.py's rules: DALI's policies run after DALI's resize; torch has three interpolations.
+        (
+            ["data.backend=dali_cpu", "data.dali_train_resize=torch", "recipe.augment=autoaugment"],
+            "^data.dali_train_resize=torch cannot run data.augment=autoaugment",
+        ),
+        (
+            ["data.backend=dali_cpu", "data.dali_train_resize=torch", "recipe.interpolation=lanczos"],
+            "^data.dali_train_resize=torch has no lanczos resize; use data.interpolation=bilinear",
+        ),
         # data/synthetic.py's rule: no folder to count the classes in.
         (["data=folder", "data.backend=synthetic"], "^data.num_classes must be set for the synthetic backend"),
     ],

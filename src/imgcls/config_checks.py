@@ -30,10 +30,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from imgcls.choices import (
+    AUGMENTS,
     AUTOAUGMENT_POLICIES,
+    BAD_IMAGE_POLICIES,
     CALIBRATORS,
     CONV_INITS,
+    DALI_TRAIN_RESIZES,
     DROP_PATH_MASKS,
+    HOST_RESIZE_MODES,
     LR_INTERVALS,
     MIXUP_MODES,
     OPTIMIZERS,
@@ -252,7 +256,7 @@ RECIPE: dict[str, Check] = {
     "recipe.mixup": number(0),  # Beta(alpha, alpha); 0 = off
     "recipe.cutmix": number(0),
     "recipe.mixup_mode": choice(*MIXUP_MODES),  # timm Mixup mode: one lambda per batch / pair / sample
-    "recipe.augment": anything,
+    "recipe.augment": or_null(choice(*AUGMENTS)),
     "recipe.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),  # timm's name; DALI runs v0 only
     "recipe.interpolation": anything,
     "recipe.train_crop": choice("random_resized", "tf"),  # data.train_crop (data/tf_crop.py)
@@ -301,7 +305,7 @@ DATA: dict[str, Check] = {
     "data.train_crop_object_boxes": boolean,
     "data.hflip": number(0, 1),
     "data.interpolation": anything,
-    "data.augment": anything,
+    "data.augment": RECIPE["recipe.augment"],
     "data.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),
     "data.randaugment": anything,
     "data.mean": numbers(3, 0, 1),
@@ -312,12 +316,12 @@ DATA: dict[str, Check] = {
     "data.val_samples": POSITIVE,
     "data.channels_last": boolean,
     "data.dali_fp16": boolean,
-    "data.dali_train_resize": anything,
+    "data.dali_train_resize": choice(*DALI_TRAIN_RESIZES),
     "data.dali_resize_threads": COUNT,
     "data.dali_host_prefetch": COUNT,
     "data.dali_train_antialias": boolean,
     "data.dali_checkpointing": boolean,
-    "data.on_bad_image": anything,  # bad_images.py names the allowed policies
+    "data.on_bad_image": choice(*BAD_IMAGE_POLICIES),
     "data.trace_dir": anything,
     "data.progressive.enabled": boolean,
     "data.progressive.start_size": POSITIVE,
@@ -465,6 +469,20 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _check_host_resize(data: DictConfig) -> None:
+    """dali_cpu's train resize in torch (data/dali/host_resize.py): DALI's policies run after DALI's own resize."""
+    if data.get("augment"):
+        raise ConfigError(
+            f"data.dali_train_resize=torch cannot run data.augment={data.augment} (a DALI policy applied after "
+            "DALI's resize); use data.dali_train_resize=dali or auto"
+        )
+    if data.get("interpolation") not in HOST_RESIZE_MODES:
+        raise ConfigError(
+            f"data.dali_train_resize=torch has no {data.get('interpolation')} resize; "
+            f"use data.interpolation={'|'.join(HOST_RESIZE_MODES)} or data.dali_train_resize=dali"
+        )
+
+
 def _check_progressive(data: DictConfig) -> None:
     """data.progressive's cross-key rules (data/progressive.py builds the schedule from a config that passes them)."""
     prog = data.progressive
@@ -536,6 +554,8 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
     if table is TRAIN and data is not None and data.get("backend") == "synthetic" and not data.get("num_classes"):
         # No folder to count classes in (evaluate's null is the checkpoint's count).
         raise ConfigError("data.num_classes must be set for the synthetic backend (e.g. 1000)")
+    if data is not None and data.get("backend") == "dali_cpu" and data.get("dali_train_resize") == "torch":
+        _check_host_resize(data)
     if data is not None and data.get("progressive") and data.progressive.get("enabled"):
         _check_progressive(data)
     precision = cfg.get("precision")

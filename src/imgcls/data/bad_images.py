@@ -24,7 +24,7 @@ import torch
 from PIL import Image, ImageFile
 from torch.utils.data import default_collate
 
-from imgcls.errors import ConfigError, DataError
+from imgcls.errors import DataError
 
 T = TypeVar("T")
 
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 MAX_PIXELS = 1 << 28
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is bad, not half grey (PIL's default, made explicit)
-
-POLICIES = ("skip", "error")
 
 
 class BadImage(Exception):
@@ -49,12 +47,6 @@ class BadSample:
 
     path: str
     reason: str
-
-
-def check_policy(policy: str) -> str:
-    if policy not in POLICIES:
-        raise ConfigError(f"data.on_bad_image={policy} is not allowed; use skip or error")
-    return policy
 
 
 def collate_dropping_bad(samples: list[Any]) -> tuple[Any, ...]:
@@ -93,7 +85,7 @@ class BadImageLog:
     """Main-process record of bad files: one warning per file, the policy, and the list for report.json."""
 
     def __init__(self, policy: str) -> None:
-        self.policy = check_policy(policy)
+        self.policy = policy  # data.on_bad_image, checked by config_checks
         self.files: dict[str, str] = {}
 
     def record(self, bad: list[BadSample]) -> None:

@@ -28,30 +28,18 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
+from imgcls.choices import HOST_RESIZE_MODES
 from imgcls.data.dali.batch_ring import BatchRing
-from imgcls.errors import ConfigError
 
-TORCH_MODES = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}
+TORCH_MODES = {mode: mode for mode in HOST_RESIZE_MODES}  # data.interpolation -> F.interpolate's mode
 AUTO_MIN_SIZE = 128  # auto: torch from this train size up (see above)
 
 
 def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: str, size: int = 224) -> bool:
     """Whether the train resize runs in torch (True) or in the DALI pipeline (False)."""
-    if choice not in ("auto", "torch", "dali"):
-        raise ConfigError(f"data.dali_train_resize={choice} is not allowed; use auto, torch or dali")
     if choice == "dali" or gpu:
         return False
-    if choice == "torch":
-        if augment:
-            raise ConfigError(
-                f"data.dali_train_resize=torch cannot run data.augment={augment} (a DALI policy applied after "
-                "DALI's resize); use data.dali_train_resize=dali or auto"
-            )
-        if interpolation not in TORCH_MODES:
-            raise ConfigError(
-                f"data.dali_train_resize=torch has no {interpolation} resize; "
-                f"use data.interpolation={'|'.join(TORCH_MODES)} or data.dali_train_resize=dali"
-            )
+    if choice == "torch":  # config_checks refuses an augment or an interpolation that torch resize cannot run
         return True
     return not augment and interpolation in TORCH_MODES and size >= AUTO_MIN_SIZE
 

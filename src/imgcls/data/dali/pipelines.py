@@ -295,8 +295,6 @@ def train_pipeline(
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
         images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=[size, size])
-    elif augment is not None:
-        raise ConfigError(f"data.augment={augment} is not allowed; use null, autoaugment or randaugment")
     images = _normalize(images, mirror, settings.mean, settings.std, settings.layout, settings.fp16)
     if settings.with_crop_shape:
         return images, index, bad, crop_shape
