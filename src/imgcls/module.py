@@ -24,6 +24,7 @@ from imgcls.mixup import DeviceMixup
 from imgcls.models import build_network
 from imgcls.optimizer import build_optimizer, parameter_groups
 from imgcls.scheduler import recipe_scheduler
+from imgcls.typed_config import to_dict
 
 
 class ClassificationModule(L.LightningModule):
@@ -259,7 +260,7 @@ class ClassificationModule(L.LightningModule):
 def _group_defaults(group: str) -> dict[str, Any]:
     """conf/GROUP/_base.yaml: the optional keys of a model or recipe config with the values that leave their feature
     off. A checkpoint written before a key existed gets that value; required keys have none."""
-    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / "_base.yaml"))
+    return to_dict(OmegaConf.load(CONF_DIR / group / "_base.yaml"))
 
 
 MODEL_DEFAULTS: dict[str, Any] = _group_defaults("model")
