@@ -313,8 +313,10 @@ def test_an_epoch_left_early_costs_only_its_batches(
         reads.append(taken[0] - before)
         if split == "train" and len(firsts) == 1:
             saved = loader.state_dict()
-    # The producer thread (torch resize) may have run ahead by its queue; the rest of the epoch is never read.
-    assert len(loader) >= 6 and all(n <= 3 for n in reads), reads
+    # The producer thread (torch resize) may have run ahead by its queue (the batch taken, one queued, one being
+    # made) and the last epoch's producer may finish the read it was in when stopped: 4 at most; the rest of the
+    # epoch (5 more of 6 before) is never read.
+    assert len(loader) >= 6 and all(n <= 4 for n in reads), reads
     if split == "val":  # val reads its part in order: every epoch starts at the same batch
         assert firsts[0] == firsts[1] == firsts[2]
         return
