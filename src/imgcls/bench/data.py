@@ -213,15 +213,18 @@ def data_config(root: Path, args: dict[str, Any], backend: str, *extra: str) -> 
 def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = False) -> Any:
     """NVIDIA's HybridTrainPipe on CPU (IC/dataloaders.py, in the fn API): full decode, then crop.
     roi_decode_only: only `fn.decoders.image_random_crop` (crops of varying size, not resized)."""
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator, LastBatchPolicy
+    from nvidia.dali.types import DALIDataType, DALIImageType
 
     @pipeline_def
     def pipe() -> Any:
         jpegs, labels = fn.readers.file(files=[str(f) for f in files], random_shuffle=True, name="Reader")
         if roi_decode_only:
-            return fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB, num_attempts=100), labels
-        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            return fn.decoders.image_random_crop(
+                jpegs, device="cpu", output_type=DALIImageType.RGB, num_attempts=100
+            ), labels
+        images = fn.decoders.image(jpegs, device="cpu", output_type=DALIImageType.RGB)
         size = args["image_size"]
         images = fn.random_resized_crop(
             images, size=[size, size], random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3], num_attempts=100,
@@ -229,12 +232,18 @@ def bare_dali(files: list[Path], args: dict[str, Any], roi_decode_only: bool = F
         )  # fmt: skip
         mean, std = [0.485 * 255, 0.456 * 255, 0.406 * 255], [0.229 * 255, 0.224 * 255, 0.225 * 255]
         images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, mirror=fn.random.coin_flip()
+            images,
+            dtype=DALIDataType.FLOAT,
+            output_layout="CHW",
+            mean=mean,
+            std=std,
+            mirror=fn.random.coin_flip(),
         )
         return images, labels
 
     built = pipe(batch_size=args["batch_size"], num_threads=args["cores"], device_id=None, seed=1)
-    common = {"reader_name": "Reader", "last_batch_policy": LastBatchPolicy.DROP, "auto_reset": True}
+    common: dict[str, Any] = {"reader_name": "Reader", "last_batch_policy": LastBatchPolicy.DROP, "auto_reset": True}
+    iterator: DALIGenericIterator | DALIRaggedIterator
     if roi_decode_only:  # crops of different sizes: a list of tensors per batch
         ragged = [DALIRaggedIterator.SPARSE_LIST_TAG, DALIRaggedIterator.DENSE_TAG]
         iterator = DALIRaggedIterator(built, ["data", "label"], output_types=ragged, **common)

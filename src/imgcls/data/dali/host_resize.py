@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +67,7 @@ class HostResize:
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgcls-resize") if self.threads > 1 else None
         mode = TORCH_MODES[interpolation]
         # torch antialiases only the bilinear/bicubic modes (it refuses antialias=True for nearest)
-        self.resize_args = {"mode": mode, "antialias": bool(antialias) and mode != "nearest"}
+        self.resize_args: dict[str, Any] = {"mode": mode, "antialias": bool(antialias) and mode != "nearest"}
         self.dtype = torch.float16 if fp16 else torch.float32
         # x * (1/std) + (-mean/std): one multiply-add per value, in 0-255 units like CMN.
         self.scale = (1.0 / (torch.tensor(std) * 255)).view(3, 1, 1).to(self.dtype)

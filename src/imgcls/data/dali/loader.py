@@ -207,7 +207,7 @@ class DaliLoader:
         # (shut_down); at interpreter exit DALI's own atexit hook shuts down what is left, in the main thread.
         self._pipes = [pipe]  # the one pipeline; a list, so that the finalizer ends the one rebuilt last
         self._end = weakref.finalize(self, _release, self._pipes, self._worker)
-        self._end.atexit = False
+        self._end.atexit = False  # type: ignore[misc]  # typeshed's finalize omits this documented attribute
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
         self.checkpointing = settings.checkpoints(spec.split)
         self.signature = list(signature)
@@ -253,9 +253,11 @@ class DaliLoader:
             last_batch_policy=policy, auto_reset=False,
         )  # fmt: skip
         # Built on the worker too: the iterator runs its first batch in its constructor.
-        on_worker = self._worker is not None and threading.current_thread() is not self._worker.thread
+        worker = self._worker
         try:
-            return self._worker.call(make) if on_worker else make()
+            if worker is not None and threading.current_thread() is not worker.thread:
+                return worker.call(make)
+            return make()
         except RuntimeError as exc:
             raise reader_error(exc) from None
 
@@ -383,7 +385,7 @@ class DaliLoader:
             index = index[keep]
             if isinstance(images, list):  # the ragged crops of the torch resize
                 images = [image for image, k in zip(images, keep.tolist()) if k]
-                mirror = mirror[keep]
+                mirror = out["mirror"][keep]  # the torch resize's crops come with their flips
             else:
                 images = images[keep]  # a new tensor: no buffer shared with DALI
             out = {k: v[keep] if k == "crop_shape" else v for k, v in out.items()}
@@ -488,7 +490,9 @@ class DaliLoader:
     def _batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
         worker = self._worker
         restored, self._restored = self._restored, None
-        resumed = restored is not None and not restored["done"]  # inside its epoch: skip what was trained on
+        # Inside its epoch: skip what was trained on.
+        at = restored if restored is not None and not restored["done"] else None
+        resumed = at is not None
         finish = functools.partial(self._finish_epoch, restored)
         if worker is not None:
             if self._stop is not None:
@@ -496,16 +500,16 @@ class DaliLoader:
             worker.call(finish)  # after that producer has returned: one task at a time
         else:
             finish()
-        skip = int(restored["yielded"]) if resumed else 0
-        owed = int(restored["owed"]) if resumed else 0
-        steps = int(restored["steps"]) - skip if resumed else 0
+        skip = int(at["yielded"]) if at is not None else 0
+        owed = int(at["owed"]) if at is not None else 0
+        steps = int(at["steps"]) - skip if at is not None else 0
         trace = None
         if self.trace is not None:
             self.trace.parent.mkdir(parents=True, exist_ok=True)
             epoch = self.first_epoch + self.epoch  # the run's epoch: a rebuilt pipeline counts from its own first
             trace = open(f"{self.trace}_epoch{epoch}.txt", "a" if resumed else "w")  # noqa: SIM115 - closed below
         self._started, self._ended = True, False
-        self._taken_by_consumer = int(restored["consumed"]) + 1 if resumed else 0
+        self._taken_by_consumer = int(at["consumed"]) + 1 if at is not None else 0
         try:
             previous, yielded = None, 0
             for batch in equal_step_counts(self._results(worker, trace, owed, resumed), self.refill, owed):
@@ -523,7 +527,7 @@ class DaliLoader:
                         "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
                         "first_epoch": self.first_epoch,
                     }  # fmt: skip
-                yield batch.result  # type: ignore[misc]
+                yield batch.result
             self._ended = True
             if self._position:
                 self._position = {**self._position, "done": True}

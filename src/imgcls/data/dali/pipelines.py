@@ -21,15 +21,17 @@ Differences from NVIDIA's PyTorch code, each on purpose:
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import nvidia.dali.math as dmath
 import nvidia.dali.tfrecord as tfrec
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.auto_aug import rand_augment
+from nvidia.dali.data_node import DataNode
+from nvidia.dali.types import DALIDataType, DALIImageType, DALIInterpType
 
 from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
 from imgcls.data.dali import records
@@ -44,16 +46,30 @@ from imgcls.errors import ConfigError
 READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
 
 INTERPOLATION = {
-    "bilinear": types.INTERP_LINEAR,
-    "bicubic": types.INTERP_CUBIC,
-    "nearest": types.INTERP_NN,
-    "lanczos": types.INTERP_LANCZOS3,
-    "triangular": types.INTERP_TRIANGULAR,  # NVIDIA --interpolation triangular (DALI only)
+    "bilinear": DALIInterpType.INTERP_LINEAR,
+    "bicubic": DALIInterpType.INTERP_CUBIC,
+    "nearest": DALIInterpType.INTERP_NN,
+    "lanczos": DALIInterpType.INTERP_LANCZOS3,
+    "triangular": DALIInterpType.INTERP_TRIANGULAR,  # NVIDIA --interpolation triangular (DALI only)
 }
 
 # nvJPEG buffer paddings of NVIDIA's HybridTrainPipe, sized for full ImageNet so they never reallocate.
 DEVICE_MEMORY_PADDING = 211025920
 HOST_MEMORY_PADDING = 140544512
+
+
+# DALI's stubs type every operator's result `DataNode | Sequence[DataNode] | None`, whatever it returns: these
+# name what the operator gives (one node; the nodes of num_outputs > 1; a TFRecord reader's features).
+def _one(result: DataNode | Sequence[DataNode] | None) -> DataNode:
+    return cast(DataNode, result)
+
+
+def _many(result: DataNode | Sequence[DataNode] | None) -> Sequence[DataNode]:
+    return cast(Sequence[DataNode], result)
+
+
+def _features(result: DataNode | Sequence[DataNode] | None) -> dict[str, DataNode]:
+    return cast(dict[str, DataNode], result)
 
 
 def interp_type(name: str) -> Any:
@@ -69,7 +85,7 @@ def _normalize(
     return fn.crop_mirror_normalize(
         images,
         **crop,
-        dtype=types.FLOAT16 if fp16 else types.FLOAT,
+        dtype=DALIDataType.FLOAT16 if fp16 else DALIDataType.FLOAT,
         output_layout=layout,
         mean=[m * 255 for m in mean],
         std=[s * 255 for s in std],
@@ -186,7 +202,7 @@ def _read_folder(source: FolderSource, shard_id: int, num_shards: int, training:
         dont_use_mmap=True,
         name=READER,
     )
-    jpegs, bad = fn.python_function(jpegs, function=check_encoded, num_outputs=2, batch_processing=True)
+    jpegs, bad = _many(fn.python_function(jpegs, function=check_encoded, num_outputs=2, batch_processing=True))
     return jpegs, index, bad
 
 
@@ -199,7 +215,7 @@ def _read_records(
     draws from a shuffle buffer of `initial_fill` records (records.SHUFFLE_FILL, why that size) and pads the
     shorter parts, so every rank counts N // W records an epoch; val reads in order, without padding, and
     the iterator's PARTIAL policy trims what it read past the part's end, as for a folder."""
-    common = {
+    common: dict[str, Any] = {
         "shard_id": shard_id,
         "num_shards": num_shards,
         "random_shuffle": training,
@@ -210,15 +226,18 @@ def _read_records(
     }
     if training:
         common["initial_fill"] = int(source.initial_fill)
+    check: Callable[..., Any]  # check_tfrecord or check_webdataset: their label arguments are named apart
     if source.format == "tfrecord":
         features = {
-            IMAGE_KEY: tfrec.FixedLenFeature((), tfrec.string, ""),  # missing: empty bytes, a bad record
+            IMAGE_KEY: tfrec.FixedLenFeature([], tfrec.string, ""),  # missing: empty bytes, a bad record
             LABEL_KEY: tfrec.FixedLenFeature([1], tfrec.int64, -1),  # missing: -1, outside every label base
         }
         if object_boxes:  # none in a record: empty lists, the whole image is the box
             features.update({key: tfrec.VarLenFeature(tfrec.float32, 0.0) for key in BOX_KEYS})
-        outputs = fn.readers.tfrecord(
-            path=list(source.paths), index_path=list(source.index_paths), features=features, **common
+        outputs = _features(
+            fn.readers.tfrecord(
+                path=list(source.paths), index_path=list(source.index_paths), features=features, **common
+            )
         )
         jpegs, stored, check = outputs[IMAGE_KEY], outputs[LABEL_KEY], check_tfrecord
         boxes = [outputs[key] for key in BOX_KEYS] if object_boxes else None
@@ -226,12 +245,16 @@ def _read_records(
         # Alternatives of one component are ';'-separated; a sample without an image or a label stops
         # the reader naming the tar (DALI's error, raised through the loader).
         images = ";".join(IMAGE_EXTENSIONS)
-        jpegs, stored = fn.readers.webdataset(
-            paths=list(source.paths), ext=[images, LABEL_EXTENSION], missing_component_behavior="error", **common
+        jpegs, stored = _many(
+            fn.readers.webdataset(
+                paths=list(source.paths), ext=[images, LABEL_EXTENSION], missing_component_behavior="error", **common
+            )
         )
         check, boxes = check_webdataset, None
     info = fn.get_property(jpegs, key="source_info")
-    jpegs, key, bad = fn.python_function(jpegs, info, stored, function=check, num_outputs=3, batch_processing=True)
+    jpegs, key, bad = _many(
+        fn.python_function(jpegs, info, stored, function=check, num_outputs=3, batch_processing=True)
+    )
     return jpegs, key, bad, boxes
 
 
@@ -256,7 +279,10 @@ def train_pipeline(
     tf_crop = settings.tf_crop
     boxed = tf_crop is not None and settings.object_boxes
     jpegs, index, bad, boxes = _read_rank_part(source, shard_id, num_shards, True, boxed)
-    decoder_args: dict[str, Any] = {"device": "mixed" if settings.gpu else "cpu", "output_type": types.RGB}
+    decoder_args: dict[str, Any] = {
+        "device": "mixed" if settings.gpu else "cpu",
+        "output_type": DALIImageType.RGB,
+    }
     if settings.gpu:
         decoder_args |= {"device_memory_padding": DEVICE_MEMORY_PADDING, "host_memory_padding": HOST_MEMORY_PADDING}
     if tf_crop is not None:
@@ -265,7 +291,7 @@ def train_pipeline(
         uniforms = fn.random.uniform(range=[0.0, 1.0], shape=[tf_crop.max_attempts, UNIFORMS_PER_ATTEMPT])
         spec = types.Constant(np.array(_spec_values(tf_crop), np.float32))
         inputs = [fn.peek_image_shape(jpegs), uniforms, spec, *(boxes or [])]
-        anchor, extent = fn.python_function(*inputs, function=tf_window, num_outputs=2)
+        anchor, extent = _many(fn.python_function(*inputs, function=tf_window, num_outputs=2))
         images = fn.decoders.image_slice(
             jpegs, anchor, extent, axis_names="HW", normalized_anchor=False, normalized_shape=False, **decoder_args
         )
@@ -283,7 +309,7 @@ def train_pipeline(
         return (images, index, bad, mirror, crop_shape) if settings.with_crop_shape else (images, index, bad, mirror)
     # antialias=False in training, as NVIDIA (6fcd5f5d "Fix DALI anti-alias flag"): cheaper on CPU.
     interpolation = interp_type(settings.interpolation)
-    images = fn.resize(images, size=[size, size], interp_type=interpolation, antialias=settings.antialias)
+    images = _one(fn.resize(images, size=[size, size], interp_type=interpolation, antialias=settings.antialias))
     augment = settings.augment
     if augment == "autoaugment":
         # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0),
@@ -294,7 +320,7 @@ def train_pipeline(
     elif augment == "randaugment":
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
-        images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=[size, size])
+        images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=(size, size))
     images = _normalize(images, mirror, settings.mean, settings.std, settings.layout, settings.fp16)
     if settings.with_crop_shape:
         return images, index, bad, crop_shape
@@ -313,21 +339,23 @@ def val_pipeline(
 ) -> Any:
     """`resize`: the shorter side before the centre crop of `size` (transforms.val_resize_size)."""
     jpegs, index, bad, _ = _read_rank_part(source, shard_id, num_shards, training=False)
-    images = fn.decoders.image(jpegs, device="mixed" if settings.gpu else "cpu", output_type=types.RGB)
+    images = fn.decoders.image(jpegs, device="mixed" if settings.gpu else "cpu", output_type=DALIImageType.RGB)
     # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
     # the longer side truncated, the crop anchor rounded half to even (Python's round). DALI's own
     # resize_shorter and centred crop round differently, a one-pixel shift on most photos.
     shape = fn.peek_image_shape(jpegs)
-    height, width = fn.cast(shape[0], dtype=types.INT32), fn.cast(shape[1], dtype=types.INT32)
+    height, width = fn.cast(shape[0], dtype=DALIDataType.INT32), fn.cast(shape[1], dtype=DALIDataType.INT32)
     shorter = dmath.min(height, width)
     scaled = int(resize)
     new_h, new_w = (scaled * height) // shorter, (scaled * width) // shorter
-    images = fn.resize(
-        images,
-        resize_y=fn.cast(new_h, dtype=types.FLOAT),
-        resize_x=fn.cast(new_w, dtype=types.FLOAT),
-        interp_type=interp_type(settings.interpolation),
-        antialias=True,
+    images = _one(
+        fn.resize(
+            images,
+            resize_y=fn.cast(new_h, dtype=DALIDataType.FLOAT),
+            resize_x=fn.cast(new_w, dtype=DALIDataType.FLOAT),
+            interp_type=interp_type(settings.interpolation),
+            antialias=True,
+        )
     )
     anchor = fn.stack(_half_to_even(new_h - size), _half_to_even(new_w - size))
     images = fn.slice(images, start=anchor, shape=[size, size], axis_names="HW")

@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from nvidia.dali import types
 from nvidia.dali.auto_aug import augmentations as a
 from nvidia.dali.auto_aug.auto_augment import apply_auto_augment, get_image_net_policy
 from nvidia.dali.auto_aug.core import Policy
+from nvidia.dali.types import DALIInterpType
 
 TF_FILL = 128  # TF2 augment.py:812 replace_value [128] * 3
 
@@ -55,5 +55,5 @@ WARPS = frozenset({"rotate", "shear_x", "shear_y", "translate_x", "translate_y"}
 def tf_auto_augment(images: Any, policy: Policy) -> Any:
     """Apply `policy` (tf_v0_policy) as TF2 does: nearest-pixel geometric ops, grey fill."""
     warps = any(name in WARPS for name in policy.augmentations)  # DALI refuses arguments no op takes
-    kwargs = {"fill_value": TF_FILL, "interp_type": types.INTERP_NN} if warps else {}
+    kwargs: dict[str, Any] = {"fill_value": TF_FILL, "interp_type": DALIInterpType.INTERP_NN} if warps else {}
     return apply_auto_augment(policy, images, **kwargs)
