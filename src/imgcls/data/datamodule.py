@@ -43,7 +43,8 @@ class ClassificationDataModule(L.LightningDataModule):
             # Progressive resizing needs a train loader per epoch. Set here rather than in train.py so
             # that the Trainer's construction stays independent of data options; Lightning reads this
             # attribute at every epoch start (fit_loop.setup_data).
-            self.trainer.reload_dataloaders_every_n_epochs = 1
+            # (An attribute Lightning's data connector sets on the Trainer; the class does not declare it.)
+            self.trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
 
     @property
     def classes(self) -> list[str]:

@@ -85,5 +85,5 @@ def _write_digits(folder: Path) -> None:
         target = folder / split / str(label)
         target.mkdir(parents=True, exist_ok=True)
         pixels = (255 - image * (255 / 16)).astype(np.uint8)  # dark ink on white paper
-        picture = Image.fromarray(pixels, mode="L").resize((DEMO_SIZE, DEMO_SIZE), Image.BILINEAR)
+        picture = Image.fromarray(pixels, mode="L").resize((DEMO_SIZE, DEMO_SIZE), Image.Resampling.BILINEAR)
         picture.convert("RGB").save(target / f"{index:04d}.jpg", quality=95)

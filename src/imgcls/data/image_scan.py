@@ -61,7 +61,8 @@ def _plain_jpeg(data: memoryview) -> bool:
 
 def scan_bytes(data: bytes | memoryview | np.ndarray, formats: set[str] = DALI_FORMATS) -> str | None:
     """None if the encoded file `data` looks decodable (see above), else the reason."""
-    data = memoryview(data).cast("B")
+    # An array through its .data memoryview: numpy's stubs do not declare the buffer protocol.
+    data = memoryview(data.data if isinstance(data, np.ndarray) else data).cast("B")
     if not len(data):
         return "zero-byte file"
     if "JPEG" in formats and _plain_jpeg(data):

@@ -31,7 +31,8 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
         ratio=tuple(cfg.train_crop_ratio),
         hflip=float(cfg.hflip),
         vflip=0.0,
-        color_jitter=None,  # NVIDIA's recipes use none (timm's default would add 0.4)
+        # NVIDIA's recipes use none (timm's default would add 0.4); timm's annotation omits the None it reads as none
+        color_jitter=None,  # type: ignore[arg-type]
         # timm would build AutoAugment with a translation of 0.45 x the image and the dataset mean as fill:
         # built below with NVIDIA's instead.
         auto_augment=None if autoaugment else policy,
@@ -47,7 +48,7 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
     if autoaugment:
         # Rotate, Shear and Translate sample the nearest pixel, as TF2 (augment.py:178-181) and, but for
         # Shear's bicubic, NVIDIA PyTorch (IC/autoaugment.py:89-118); not the resize's interpolation.
-        hparams = autoaugment_hparams(size, Image.NEAREST)
+        hparams = autoaugment_hparams(size, Image.Resampling.NEAREST)
         secondary = [with_tf_posterize(auto_augment_transform(policy, hparams))]
     return Compose(primary + secondary + final)
 

@@ -185,7 +185,7 @@ class Contents:
 def check_dir(cache_dir: str | None) -> str:
     """The cache folder to manage, absolute; one-line ConfigError when missing."""
     given = cache_dir is not None
-    folder = os.path.abspath(os.path.expanduser(cache_dir if given else default_dir()))
+    folder = os.path.abspath(os.path.expanduser(cache_dir if cache_dir is not None else default_dir()))
     if os.path.isdir(folder):
         return folder
     key = f"--dir={cache_dir}" if given else f"data.shard_cache={folder} (the default)"

@@ -54,19 +54,19 @@ def worker_chunks(start: int, stop: int, batch_size: int, workers: int) -> list[
 
 def stream_ids(counts: Sequence[int], start: int, stop: int, seed: int, epoch: int, training: bool) -> np.ndarray:
     """Sample ids (shard offset + record position, in the shard list's order) at stream positions [start, stop)."""
-    counts = np.asarray(counts, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    order = shard_order(len(counts), seed, epoch) if training else np.arange(len(counts))
-    ends = np.cumsum(counts[order])  # stream position where each shard (in stream order) ends
+    sizes = np.asarray(counts, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    order = shard_order(len(sizes), seed, epoch) if training else np.arange(len(sizes))
+    ends = np.cumsum(sizes[order])  # stream position where each shard (in stream order) ends
     parts = []
     first = int(np.searchsorted(ends, start, side="right"))
     for k in range(first, len(order)):
-        begin = int(ends[k] - counts[order[k]])
+        begin = int(ends[k] - sizes[order[k]])
         if begin >= stop:
             break
         shard = int(order[k])
         lo, hi = max(start, begin) - begin, min(stop, int(ends[k])) - begin
-        positions = record_order(int(counts[shard]), seed, epoch, shard)[lo:hi] if training else np.arange(lo, hi)
+        positions = record_order(int(sizes[shard]), seed, epoch, shard)[lo:hi] if training else np.arange(lo, hi)
         parts.append(offsets[shard] + positions)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 

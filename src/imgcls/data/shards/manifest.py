@@ -194,7 +194,9 @@ def _classes_without_manifest(num_classes: Any, class_names: Any, root: str) -> 
 def _check_synset(classes: list[str], label_base: int, shard: Shard | None) -> None:
     """The records carry label numbers; build_imagenet_data.py also writes each record's synset. The first record's
     synset must be the name the classes give its label, or every label would be read as another class."""
-    found = tfrecord.first_synset(shard.url) if shard is not None else None
+    if shard is None:
+        return
+    found = tfrecord.first_synset(shard.url)
     if found is None:
         return
     stored, synset = found

@@ -186,7 +186,7 @@ def first_synset(path: str | Path) -> tuple[int, str] | None:
 def scan_file(path: str | Path) -> list[tuple[int, int]]:
     """(offset, length) of each record of a TFRecord file, reading only the 12-byte headers (seeking past the
     data): the DALI index and the record count of a shard without reading it."""
-    spans = []
+    spans: list[tuple[int, int]] = []
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         offset = 0

@@ -73,7 +73,8 @@ def iter_samples(data: bytes, where: str = "") -> Iterator[tuple[bytes, int, str
         tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
     except tarfile.TarError as exc:
         raise DataError(f"{where}: not a tar file ({exc})") from None
-    key, members = None, {}
+    key: str | None = None
+    members: dict[str, bytes] = {}
     try:
         for info in tar:
             if not info.isfile():

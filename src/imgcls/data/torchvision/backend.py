@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from torch.utils.data import DataLoader
 
 from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
@@ -134,7 +133,7 @@ def _dataloader(
     drop_last: bool,
     bad_images: Any = None,
     copier: Any = None,
-) -> DataLoader:
+) -> ResumableDataLoader:
     workers = int(cfg.num_workers)
     return ResumableDataLoader(  # stateful: Lightning resumes it mid-epoch
         dataset,
