@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from imgcls.errors import ConfigError
 from imgcls.published import resolve as published
 from imgcls.rundir import is_rank_zero
+from imgcls.typed_config import to_dict
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -106,4 +107,4 @@ def model_config(cfg: DictConfig) -> dict[str, Any] | None:
     if cfg.get("model") is None:
         return None
     both = OmegaConf.create({"model": cfg.model, "precision": precision_config(cfg)})
-    return OmegaConf.to_container(both.model, resolve=True)
+    return to_dict(both.model, resolve=True)

@@ -132,7 +132,7 @@ def numbers(
     """A list of `length` numbers (None: any length) in a range."""
     item = number(low, high, open_low=open_low)
     count = f"{length} " if length is not None else ""
-    what = f"a list of {count}numbers, each {item(None).removeprefix('a ')}"  # item(None) is its own text
+    what = f"a list of {count}numbers, each {str(item(None)).removeprefix('a ')}"  # item(None) is its own text
     what += ", in increasing order" if ordered else ""
 
     def check(v: Any) -> str | None:
@@ -441,7 +441,7 @@ EVALUATE: dict[str, Check] = {
 def leaves(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, resolved value) of every leaf; a list is one leaf; an empty mapping is none."""
     for key in cfg.keys():
-        dotted = f"{prefix}{key}"
+        dotted = prefix + str(key)
         node = cfg._get_node(key)
         if isinstance(node, DictConfig) and not node._is_none():
             yield from leaves(node, dotted + ".")

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from omegaconf import OmegaConf
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
 from torch import nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from imgcls.config import CONF_DIR
@@ -167,7 +168,11 @@ class ClassificationModule(L.LightningModule):
 
     def _logs_this_step(self) -> bool:
         trainer = self._trainer
-        return trainer is None or trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
+        if trainer is None:
+            return True
+        # fast_dev_run: set on the Trainer by Lightning's debugging connector, not declared on the class.
+        fast_dev_run = trainer.fast_dev_run  # type: ignore[attr-defined]
+        return trainer._logger_connector.should_update_logs or bool(fast_dev_run)
 
     def _mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """timm's Mixup pairs each sample with its mirror in the batch and asserts an even size, which a
@@ -175,14 +180,15 @@ class ClassificationModule(L.LightningModule):
         does not own the loader) or skipped (a rank without a backward pass would stall DDP's all-reduce).
         One sample cannot be mixed: it trains on its smoothed label alone. Both are counted for report.json
         (callbacks/bad_image_report.py)."""
+        mixup = self.mixup
+        assert mixup is not None  # training_step mixes only with mixup or CutMix on
         if len(labels) == 1:
             self.mixup_unmixed_batches += 1
-            mixup = self.mixup
             return images, labels, mixup_target(labels, mixup.num_classes, 1.0, mixup.label_smoothing)
         if len(labels) % 2:
             self.mixup_dropped_samples += 1
             images, labels = images[:-1], labels[:-1]
-        images, targets = self.mixup(images, labels)
+        images, targets = mixup(images, labels)
         return images, labels, targets
 
     def mixup_counts(self) -> dict[str, int]:
@@ -217,27 +223,36 @@ class ClassificationModule(L.LightningModule):
         return {"preds": logits.argmax(1)}
 
     def _update_metrics(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        metrics = self.val_metrics[prefix]
+        metrics = self._metrics(prefix)
         metrics["top1"].update(logits, labels)
         metrics["top5"].update(logits, labels)
         metrics["loss"].update(self.val_criterion(logits.float(), labels), weight=len(labels))
 
+    def _metrics(self, prefix: str) -> dict[str, Metric]:
+        """The val metrics of `prefix` (built in __init__); nn.ModuleDict types its values as any nn.Module."""
+        group = self.val_metrics[prefix]
+        assert isinstance(group, nn.ModuleDict)
+        return {name: cast(Metric, metric) for name, metric in group.items()}
+
     def on_validation_epoch_end(self) -> None:
         # Percentages (0-100) like NVIDIA; torchmetrics sums counts over ranks, so the result is the
         # same for any number of processes as long as each sample is seen exactly once.
-        for name, metrics in self.val_metrics.items():
+        for name in self.val_metrics:
+            metrics = self._metrics(name)
             self.log(f"{name}.top1", metrics["top1"].compute() * 100, prog_bar=name == "val")
             self.log(f"{name}.top5", metrics["top5"].compute() * 100)
             self.log(f"{name}.loss", metrics["loss"].compute())
             for metric in metrics.values():
                 metric.reset()
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         groups = parameter_groups(self.net, self.plan["weight_decay"], self.recipe.weight_decay_on)
         clipping = bool(self.trainer.gradient_clip_val)  # Lightning refuses fused optimizers with clipping
         optimizer = build_optimizer(groups, self.recipe, self.plan["lr"], fused=not clipping)
         scheduler = recipe_scheduler(optimizer, self.trainer, self.recipe)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # Lightning types the scheduler as torch's, yet steps any other through lr_scheduler_step (timm's, below).
+        lr_scheduler = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": lr_scheduler}  # type: ignore[typeddict-item]
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         # timm schedulers are stepped with the optimizer-step count (Lightning needs this override).

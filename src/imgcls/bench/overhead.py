@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 DEFAULTS = (
     "mode=benchmark", "data=synthetic", "hardware=cpu", "precision=fp32", "model=resnet18", "model.arch=test_resnet",
@@ -89,9 +89,10 @@ def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     from imgcls.plan import resolve_plan
     from imgcls.precision import set_tf32
     from imgcls.scheduler import build_scheduler
+    from imgcls.typed_config import to_dict
 
     plan = resolve_plan(cfg)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = to_dict(cfg, resolve=True)
     device = torch.device("cuda" if str(cfg.trainer.accelerator) in ("gpu", "cuda") else "cpu")
     # The backend settings imgcls's Trainer makes (imgcls.trainer, imgcls.precision), whichever loop runs first.
     torch.backends.cudnn.benchmark = not bool(cfg.deterministic)
@@ -165,7 +166,12 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]
 
     parts = _parts(cfg, steps + warmup)
     clock = _Clock(parts.device)
-    precision = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed", None: "32-true"}[parts.half]
+    by_dtype: dict[torch.dtype | None, Literal["16-mixed", "bf16-mixed", "32-true"]] = {
+        torch.float16: "16-mixed",
+        torch.bfloat16: "bf16-mixed",
+        None: "32-true",
+    }
+    precision = by_dtype[parts.half]
 
     class Minimal(L.LightningModule):
         def __init__(self) -> None:

@@ -139,7 +139,7 @@ def run(argv: list[str]) -> None:
         steps["n"] += 1
         return out
 
-    ClassificationModule.training_step = training_step  # type: ignore[method-assign]
+    ClassificationModule.training_step = training_step
 
     class Marks(L.Callback):
         def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
