@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # cores busy (pytest-xdist; TEST_JOBS=0 runs in one process).
 TEST_JOBS ?= 2
 
-.PHONY: install train test test-fast lint bench bench-data bench-startup gpu-check docker clean
+.PHONY: install train test test-fast lint typecheck bench bench-data bench-startup gpu-check docker clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,9 @@ test-fast: $(STAMP)   ## the edit loop: every test not marked slow (no training 
 lint: $(STAMP)   ## ruff's lint and format check (CI runs it before the tests)
 	$(VENV)/bin/ruff check src tests train.py evaluate.py
 	$(VENV)/bin/ruff format --check src tests train.py evaluate.py
+
+typecheck: $(STAMP)   ## mypy on src/imgcls, settings in pyproject.toml [tool.mypy] (CI runs it after lint)
+	$(VENV)/bin/mypy
 
 # Input-pipeline throughput (docs/data-backends.md). Any folder of class folders of JPEGs works:
 #   make bench-data BENCH_ROOT=/data/imagenet CORES=8 IMAGE_SIZE=224
