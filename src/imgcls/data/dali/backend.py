@@ -49,7 +49,7 @@ from imgcls.data.dali.settings import DaliSettings
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.protocol import LoaderSpec
-from imgcls.data.shards.manifest import open_shard_set
+from imgcls.data.shards.manifest import ShardSet, open_shard_set
 from imgcls.data.shards.remote import local_copies
 from imgcls.data.shards.tfrecord import dali_index_files
 from imgcls.data.transforms import val_resize_size
@@ -101,13 +101,13 @@ class DaliBackend:
                 root = split_dir(self.cfg.root, split)
                 self._files[split] = made_once(lambda: FileList(root, self.classes))
             else:
-                self._files[split] = ShardCatalog(self.shards, split, self._local_paths(split))
+                self._files[split] = ShardCatalog(self.shards, split, self._local_paths(self.shards, split))
         return self._files[split]
 
-    def _local_paths(self, split: str) -> list[str]:
+    def _local_paths(self, shards: ShardSet, split: str) -> list[str]:
         # DALI reads local files only: every shard of the split is copied before the pipeline starts, eight
         # downloads at a time (one S3 stream reaches a fraction of a node's bandwidth).
-        urls = [s.url for s in self.shards.splits[split]]  # type: ignore[union-attr]
+        urls = [s.url for s in shards.splits[split]]
         options = dict(self.cfg.get("storage_options") or {})
         return local_copies(urls, str(self.cfg.shard_cache), options)
 
@@ -182,12 +182,12 @@ class DaliBackend:
             and list(position.get("signature", ())) == list(signature)
             and position.get("first_epoch") is not None
         )
-        if not usable:
+        if not usable or position is None:
             return first_epoch, None  # another graph (e.g. another progressive size or batch): a fresh start
-        if position.get("done") and position.get("early"):  # type: ignore[union-attr]
+        if position.get("done") and position.get("early"):
             # Nothing of the saved pipeline is needed (DaliLoader._finish_epoch): the next epoch, fresh.
-            return int(position["first_epoch"]) + int(position["epoch"]) + 1, None  # type: ignore[index]
-        return int(position["first_epoch"]), position  # type: ignore[index]
+            return int(position["first_epoch"]) + int(position["epoch"]) + 1, None
+        return int(position["first_epoch"]), position
 
     def _loader(
         self,

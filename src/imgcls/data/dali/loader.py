@@ -360,7 +360,9 @@ class DaliLoader:
         old, self._iterator = self._iterator, None
         del old
         shut_down(self._pipes[0])
-        self._pipes[0] = pipe = self._rebuild(epoch)  # type: ignore[misc]
+        rebuild = self._rebuild
+        assert rebuild is not None  # called only for a loader that was given one (the condition above)
+        self._pipes[0] = pipe = rebuild(epoch)
         self._iterator = self._make_iterator(pipe, self._outputs, self.host_resize is not None)
         self.first_epoch, self.epoch, self._consumed = epoch, 0, 0
 

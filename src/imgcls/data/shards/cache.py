@@ -319,7 +319,9 @@ def _remove(entry: Entry) -> bool:
         if temp and temp.group(2) == "tmp":  # write_atomic's: no lock, its age is the guard
             return _unlink(entry.path)
         lock = _LOCK.fullmatch(name)
-        target = os.path.join(folder, (temp or lock).group(1))  # type: ignore[union-attr]
+        match = temp or lock
+        assert match is not None  # an in-flight entry's name is a temp or a lock name (how _classify classed it)
+        target = os.path.join(folder, match.group(1))
         if lock and os.path.lexists(target):
             return False  # the lock of a copy goes with the copy
         with _try_lock(target) as free:  # a download's .part: kept while its lock is held
