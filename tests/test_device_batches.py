@@ -121,7 +121,7 @@ def test_synthetic_train_loader_resumes_with_the_steps_its_epoch_had_left() -> N
 
 
 class RecordingCopier:
-    """A CPU stand-in for data/torchvision/device_prefetch.CudaCopies that records the order of copies and hand-overs."""
+    """A CPU stand-in for data/torchvision/device_prefetch.CudaCopies: records the order of copies and hand-overs."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
