@@ -322,6 +322,7 @@ def test_an_epoch_left_early_costs_only_its_batches(
         return
     assert firsts[0] != firsts[1] != firsts[2]  # each a new epoch, not epoch 0's order again
     assert saved["positions"][0]["done"] and saved["positions"][0]["early"]
+    loader.close()  # its producer thread stops here, not while the resumed loader's reads are counted
     before = taken[0]
     resumed = backend.loader(LoaderSpec(split, size, limit_batches=1, resume=saved))
     assert next(iter(resumed))[1].tolist() == firsts[1]
