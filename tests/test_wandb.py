@@ -122,3 +122,21 @@ def test_resume_continues_the_same_wandb_run(wandb_run: Path) -> None:
     assert first.name.rsplit("-", 1)[1] == second.name.rsplit("-", 1)[1]
     assert [r["epoch"] for r in read_report(wandb_run)["epochs"]] == [0, 1]
     assert b"val.top1" in wandb_log(second, b"val.top1")
+
+
+@pytest.mark.slow
+def test_wandb_online_without_credentials_is_one_line_and_warns_nothing_else(
+    tmp_path: Path, image_folder: Path
+) -> None:
+    """A new user's `logger=wandb` without `wandb login`: wandb.init raised UsageError from inside Lightning's fit, a
+    traceback; now one line with W&B's reason and the offline way. W&B's 'anonymous setting has no effect' warning
+    (Lightning hands it anonymous=None) is gone too. No network is touched: W&B stops before it without a key."""
+    from tests import warm_python
+    from tests.conftest import ROOT, assert_one_line_error, clean_env
+
+    env = {k: v for k, v in clean_env().items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path / "home")  # no ~/.netrc, no W&B settings of this machine's user
+    argv = [ROOT / "train.py", *tiny_overrides(image_folder, "logger=wandb"), f"hydra.run.dir={tmp_path / 'run'}"]
+    result = warm_python.run(argv, base_env=env, cwd=tmp_path, timeout=300)
+    assert_one_line_error(result, "logger=wandb: No API key configured", "logger.wandb.offline=true")
+    assert "anonymous" not in result.stderr

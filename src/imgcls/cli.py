@@ -66,16 +66,11 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     exit code of the failed jobs (2 input, 3 training, 4 storage), 0 if none failed."""
     try:
         return fn(cfg)
-    except (UserError, MissingMandatoryValue, InterpolationResolutionError) as exc:
-        if isinstance(exc, InterpolationResolutionError):  # an imgcls resolver refusing a value: its one line
-            cause = exc.__cause__ or exc.__context__
-            if not isinstance(cause, UserError):
-                raise
-            exc = cause
-        if isinstance(exc, UserError):
-            message, code = str(exc), exc.exit_code
-        else:
-            message, code = f"{exc.full_key} must be set (e.g. {exc.full_key}=...)", 2
+    except Exception as exc:
+        error = user_error(exc)
+        if error is None:
+            raise
+        message, code = error
         if not _in_multirun():
             fail(message, code)
         job = f"job {HydraConfig.get().job.num} ({','.join(_varying_overrides())})"
@@ -84,6 +79,20 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         return None
     finally:
         _finish_wandb()
+
+
+def user_error(exc: BaseException) -> tuple[str, int] | None:
+    """A mistake the user can act on, as (one line, exit code); None for anything else (a bug: its traceback)."""
+    if isinstance(exc, InterpolationResolutionError):  # an imgcls resolver refusing a value: its one line
+        exc = exc.__cause__ or exc.__context__ or exc
+    if isinstance(exc, UserError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, MissingMandatoryValue):
+        return f"{exc.full_key} must be set (e.g. {exc.full_key}=...)", 2
+    if type(exc).__module__.startswith("wandb") and type(exc).__name__ == "UsageError":
+        # wandb.init without credentials, from inside Lightning's fit: W&B's own reason, and the way without them
+        return f"logger=wandb: {str(exc).strip()} Or log offline (logger.wandb.offline=true), then `wandb sync`", 2
+    return None
 
 
 def _varying_overrides() -> list[str]:

@@ -47,6 +47,8 @@ def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
         id=run_id,
         resume="allow",
     )
+    # Lightning hands wandb.init anonymous=None, which W&B answers with a deprecation warning a user cannot act on.
+    logger._wandb_init.pop("anonymous", None)
     return logger
 
 
