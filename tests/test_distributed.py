@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.rundir import QUIET_RANK_OVERRIDES, launch_overrides
+from imgcls.rundir import launch_overrides
 from imgcls.train import run
 from tests import warm_python
 from tests.conftest import ROOT, clean_env, compose_config, free_port, make_image_folder, read_report, tiny_overrides
@@ -313,15 +313,14 @@ def test_cudnn_autotuning_is_on_as_in_nvidias_runs(folder: Path, tmp_path: Path)
 def test_torchrun_ranks_get_the_same_pinned_dir() -> None:
     for rank in ("0", "1"):
         env = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": "0"}
-        extra = launch_overrides(["model=resnet18"], "train", env)
-        assert extra[0] == "hydra.run.dir=outputs/train/abc"
-        assert (extra[1:] == list(QUIET_RANK_OVERRIDES)) is (rank == "1")
+        # Only the dir: what rank 1 does not write is the config's rule (conf/hydra/default.yaml), tested below
+        assert launch_overrides(["model=resnet18"], "train", env) == ["hydra.run.dir=outputs/train/abc"]
 
 
 def test_srun_pins_the_job_id_and_explicit_dirs_win() -> None:
     env = {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "8", "SLURM_PROCID": "3"}
     assert launch_overrides([], "train", env)[0] == "hydra.run.dir=outputs/train/777"
-    assert launch_overrides(["hydra.run.dir=/x"], "train", env) == list(QUIET_RANK_OVERRIDES)
+    assert launch_overrides(["hydra.run.dir=/x"], "train", env) == []
     assert launch_overrides(["-m", "seed=1,2"], "train", env) == []  # sweeps: hydra.sweep.dir
     # A single-task batch job (sbatch without srun) keys on its job id too: requeued, it finds its checkpoints.
     single = {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "rn50"}
@@ -331,9 +330,9 @@ def test_srun_pins_the_job_id_and_explicit_dirs_win() -> None:
     assert launch_overrides([], "train", {**single, "SLURM_JOB_NAME": "bash"}) == []
 
 
-def test_lightning_children_only_drop_the_log_file() -> None:
+def test_lightning_children_and_single_runs_get_no_overrides() -> None:
     argv = ["hydra.run.dir=/r", "hydra.job.name=train_ddp_process_1", "hydra.output_subdir=null"]
-    assert launch_overrides(argv, "train", {"LOCAL_RANK": "1"}) == list(QUIET_RANK_OVERRIDES[1:])
+    assert launch_overrides(argv, "train", {"LOCAL_RANK": "1"}) == []
     assert launch_overrides([], "train", {}) == []  # a plain single-process run is untouched
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from imgcls.errors import ConfigError
 
-# Keeps ranks > 0 (and mode=plan) from writing .hydra/ and the log file (console logging stays).
-QUIET_RANK_OVERRIDES = (
+# Keeps mode=plan from writing .hydra/ and the log file (console logging stays). Ranks other than 0 write neither
+# on any launcher through the config itself (conf/hydra/default.yaml's ${imgcls.rank_zero:...}).
+NO_HYDRA_FILES = (
     "hydra.output_subdir=null",
     "hydra.job_logging.root.handlers=[console]",
     "~hydra.job_logging.handlers.file",
@@ -61,21 +62,19 @@ def launch_id(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def launch_overrides(argv: Sequence[str], task: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """Hydra overrides to append to argv: the shared run dir, and quiet Hydra on ranks other than 0; mode=plan
-    without a hydra.run.dir=: no run dir at all."""
+    """Hydra overrides to append to argv: the run dir shared by the launch's ranks; mode=plan without a
+    hydra.run.dir=: no run dir at all."""
     if any(a in ("-m", "--multirun") for a in argv):
         return []  # a sweep's jobs get their dirs from hydra.sweep.dir, composed once by the launcher
     run_dir_given = any(a.startswith("hydra.run.dir=") for a in argv)
     if mode_of(argv) == "plan" and not run_dir_given:
         # A plan reads the config and prints; Hydra would still make outputs/TASK/TIME with .hydra/ and a log
         # file in it. The current dir (which exists) as the run dir, and no Hydra files: nothing is written.
-        return ["hydra.run.dir=.", *(o for o in QUIET_RANK_OVERRIDES if o not in argv)]
+        return ["hydra.run.dir=.", *(o for o in NO_HYDRA_FILES if o not in argv)]
     extra: list[str] = []
     run_id = None if run_dir_given else launch_id(env)
     if run_id is not None:
         extra.append(f"hydra.run.dir=outputs/{task}/{run_id}")
-    if not is_rank_zero(env):  # Lightning's children already carry hydra.output_subdir=null
-        extra.extend(o for o in QUIET_RANK_OVERRIDES if o not in argv)
     return extra
 
 
