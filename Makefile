@@ -59,7 +59,7 @@ bench-startup: $(STAMP) $(BENCH_ROOT)  ## time to first step and memory per back
 
 # GPU acceptance (src/imgcls/bench/gpu_check.py): every GPU path for a few dozen steps, one table next to NVIDIA's
 # published img/s, non-zero exit on any failure; on a CPU-only machine one line and exit 0.
-#   make gpu-check GPU_DATA=/data/imagenet ARGS="--steps 40"      (ARGS="--plan": print the commands only)
+#   make gpu-check GPU_DATA=/data/imagenet ARGS="--steps 40"      (ARGS="--dry-run": print the commands only)
 GPU_DATA ?= $(CACHE)/cifar10
 
 $(CACHE)/cifar10:   # CIFAR-10 as JPEGs (train/ and val/), extracted outside the repository

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on the val split: `python evaluate.py ckpt=PATH`.
 
-Thin entry point; the work happens in imgcls.evaluate.run (configs in conf/).
+Thin entry point; the work happens in imgcls.run.evaluate.run (configs in conf/).
 """
 
 from imgcls.cli import evaluate_main

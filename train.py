@@ -1,6 +1,6 @@
 """Train an image classifier: `python train.py model=resnet50 precision=amp hardware=dgxa100 recipe=90e`.
 
-Thin entry point; the work happens in imgcls.train.run (configs in conf/).
+Thin entry point; the work happens in imgcls.run.train.run (configs in conf/).
 """
 
 from imgcls.cli import train_main

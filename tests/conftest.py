@@ -21,7 +21,7 @@ from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 from PIL import Image
 
-import imgcls.config  # registers the config resolvers
+import imgcls.config.compose  # registers the config resolvers
 from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @functools.cache
 def _composition_inputs() -> str:
     digest = hashlib.sha256()
-    for path in sorted([*CONF.rglob("*.yaml"), ROOT / "src" / "imgcls" / "config.py"]):
+    for path in sorted([*CONF.rglob("*.yaml"), ROOT / "src" / "imgcls" / "config" / "compose.py"]):
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -101,7 +101,7 @@ def _composed(overrides: tuple[str, ...], config_name: str) -> DictConfig:
     # Hydra spends ~0.35 s of CPU per composition; several test files compose the same configs (every
     # experiment: test_config_checks, test_plan_mode, test_configs, test_published_combinations, ...), on both
     # xdist workers. Loading a composed config back from YAML takes ~1/20 of that; callers get a deep copy.
-    # imgcls.config.compose_config, not Hydra's compose(): task_name is derived from Hydra's own config.
+    # imgcls.config.compose.compose_config, not Hydra's compose(): task_name is derived from Hydra's own config.
     folder = os.environ.get(COMPOSE_CACHE_VARIABLE)
     key = hashlib.sha256(repr((config_name, overrides, _composition_inputs())).encode()).hexdigest()
     cached = Path(folder or "/nonexistent") / f"{key}.yaml"
@@ -110,7 +110,7 @@ def _composed(overrides: tuple[str, ...], config_name: str) -> DictConfig:
         OmegaConf.set_struct(cfg, True)  # as Hydra returns it
         return cfg
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = imgcls.config.compose_config(config_name, list(overrides))
+        cfg = imgcls.config.compose.compose_config(config_name, list(overrides))
     if folder and Path(folder).is_dir():
         partial = cached.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(OmegaConf.to_yaml(cfg))
@@ -200,9 +200,9 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Pa
     """Train the tiny checkpoint once per session: RUN/checkpoints/{last,best}.ckpt and RUN/report.json."""
     run_dir = tmp_path_factory.getbasetemp() / "imgcls-tiny-run"
     if not (run_dir / "report.json").is_file() or not (run_dir / "checkpoints" / "last.ckpt").is_file():
-        import imgcls.train
+        import imgcls.run.train
 
-        imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.ema_decay=0.9"), run_dir=run_dir))
+        imgcls.run.train.run(compose_config(tiny_overrides(image_folder, "recipe.ema_decay=0.9"), run_dir=run_dir))
     return run_dir
 
 

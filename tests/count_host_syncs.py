@@ -1,4 +1,4 @@
-"""`python tests/count_host_syncs.py OUT OVERRIDE...`: one training run (imgcls.train.run) with every blocking
+"""`python tests/count_host_syncs.py OUT OVERRIDE...`: one training run (imgcls.run.train.run) with every blocking
 call counted per micro-batch as tests/test_host_sync.py counts them; each rank writes OUT/syncs-rank{R}.json.
 
 A script, not a test: under DDP the count must be made inside every rank, and Lightning's launcher starts
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pytest  # noqa: E402
 
-import imgcls.train  # noqa: E402
+import imgcls.run.train  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
 from tests.test_host_sync import SyncCounter, count_syncs  # noqa: E402
 
@@ -23,6 +23,6 @@ out, overrides = Path(sys.argv[1]), sys.argv[2:]
 counter = SyncCounter()
 with pytest.MonkeyPatch.context() as patch:
     count_syncs(patch, counter)
-    imgcls.train.run(compose_config(overrides, run_dir=out / "run"))
+    imgcls.run.train.run(compose_config(overrides, run_dir=out / "run"))
 rank = int(os.environ.get("LOCAL_RANK", 0))
 (out / f"syncs-rank{rank}.json").write_text(json.dumps({"started": counter.started, "calls": counter.calls}))

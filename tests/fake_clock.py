@@ -1,4 +1,4 @@
-"""A clock for tests of code that measures intervals (imgcls.timing, imgcls.bench.inference): `sleep` moves it,
+"""A clock for tests of code that measures intervals (imgcls.training.timing, imgcls.bench.inference): `sleep` moves it,
 nothing waits, so the intervals the code measures are exactly the ones the test made, on any machine under any
 load. Patched in as the module's `time` (the code under test calls time.perf_counter)."""
 

@@ -27,7 +27,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import imgcls.train  # noqa: E402
+import imgcls.run.train  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
 
 
@@ -143,15 +143,15 @@ def fit(overrides: list[str], run_dir: Path, initial: dict[str, list[torch.Tenso
     def with_probe(cfg: Any, plan: Any, callbacks: list, loggers: list) -> L.Trainer:
         return build_trainer(cfg, plan, [*callbacks, probe], loggers)
 
-    imgcls.train.build_trainer = with_probe
+    imgcls.run.train.build_trainer = with_probe
     try:
-        summary = imgcls.train.run(compose_config(overrides, run_dir=run_dir))
+        summary = imgcls.run.train.run(compose_config(overrides, run_dir=run_dir))
     finally:
-        imgcls.train.build_trainer = build_trainer
+        imgcls.run.train.build_trainer = build_trainer
     return summary, probe.facts
 
 
-build_trainer = imgcls.train.build_trainer
+build_trainer = imgcls.run.train.build_trainer
 spec, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 rank = int(os.environ.get("LOCAL_RANK", 0))
 results, probes = {}, {}

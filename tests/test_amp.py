@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from imgcls.cli import guarded
-from imgcls.module import ClassificationModule
-from imgcls.precision import resolve_precision
-from imgcls.train import run
+from imgcls.run.train import run
+from imgcls.training.module import ClassificationModule
+from imgcls.training.precision import resolve_precision
 from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
 
 
@@ -76,7 +76,7 @@ def inject(monkeypatch: pytest.MonkeyPatch, fault: str, steps: set[int] | None, 
 
 def test_cpu_amp_is_bf16_unless_fp16_is_asked_for(caplog: pytest.LogCaptureFixture) -> None:
     cfg = compose_config(["precision=amp"])
-    with caplog.at_level(logging.WARNING, logger="imgcls.precision"):
+    with caplog.at_level(logging.WARNING, logger="imgcls.training.precision"):
         assert resolve_precision(cfg.precision, "cpu") == ("bf16-mixed", [])
     assert "precision.cpu_fp16=true" in caplog.text
     fp16 = compose_config(["precision=amp", "precision.cpu_fp16=true"]).precision

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import imgcls.train
+import imgcls.run.train
 from tests.conftest import compose_config, tiny_overrides
 from tests.test_amp import FP16_NET
 from tests.test_host_sync import SyncCounter, count_syncs
@@ -24,7 +24,7 @@ def test_fp16_loss_scaling_syncs_at_most_once_per_k_steps(
     overrides = tiny_overrides(image_folder, "recipe.epochs=2", "precision=amp", "precision.cpu_fp16=true",
                                "model.channels_last=false", FP16_NET, f"recipe.optimizer={optimizer}",
                                "recipe.rmsprop_alpha=0.9", "recipe.rmsprop_eps=0.001")  # fmt: skip
-    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 12
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
     # FiniteLoss reads its device flags once every 10 optimizer steps: the batch ending step 10, nothing else.
@@ -36,5 +36,5 @@ def test_fp16_with_gradient_clipping_uses_the_unfused_optimizer(image_folder: Pa
     """Lightning clips after unscaling, which a fused optimizer does inside its step: it raises for that pair."""
     overrides = tiny_overrides(image_folder, "recipe.epochs=1", "precision=amp", "precision.cpu_fp16=true",
                                "model.channels_last=false", "trainer.gradient_clip_val=1.0", FP16_NET)  # fmt: skip
-    summary = imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    summary = imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
     assert summary["train.loss"] > 0

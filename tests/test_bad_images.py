@@ -18,7 +18,7 @@ from imgcls.data.bad_images import BadImage
 from imgcls.data.image_scan import scan_file
 from imgcls.data.images import load_rgb
 from imgcls.data.protocol import LoaderSpec
-from imgcls.train import run
+from imgcls.run.train import run
 from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
 
 DECODABLE = ["png_named.jpg", "gif_named.jpg", "cmyk.jpg", "gray.jpg", "gray16.png", "rgba.png", "huge.jpg"]
@@ -195,7 +195,7 @@ def one_bad_file(root: Path, kind: str) -> Path:
 def test_mixup_recipe_trains_past_a_bad_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
                                              backend: str) -> None:  # fmt: skip
     """recipe=250e (mixup 0.2) on a folder with one bad .jpg died with "Batch size should be even"."""
-    from imgcls.module import ClassificationModule
+    from imgcls.training.module import ClassificationModule
 
     if backend == "dali_cpu":
         pytest.importorskip("nvidia.dali")
@@ -226,8 +226,8 @@ def test_mixup_evens_an_odd_batch_and_leaves_one_sample_unmixed() -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from imgcls.module import ClassificationModule
-    from imgcls.plan import resolve_plan
+    from imgcls.run.plan import resolve_plan
+    from imgcls.training.module import ClassificationModule
 
     cfg = compose_config(["model=resnet18", "recipe=250e", "data=synthetic", "data.num_classes=3"])
     resolved = OmegaConf.to_container(cfg, resolve=True)

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import imgcls.bench.training
-import imgcls.timing
-import imgcls.train
+import imgcls.run.train
+import imgcls.training.timing
 from imgcls.bench.inference import check_batch_sizes, markdown_table, measure
 from imgcls.bench.training import BenchmarkTimer
 from imgcls.cli import run_evaluate as evaluate
@@ -138,7 +138,7 @@ def test_bad_batch_sizes(values: list) -> None:
 
 def test_training_benchmark_timer_excludes_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()  # the report's timer reads it: exact times, whatever the machine's speed or load
-    monkeypatch.setattr(imgcls.timing, "time", clock)
+    monkeypatch.setattr(imgcls.training.timing, "time", clock)
     timer = BenchmarkTimer(warmup=2, iterations=3)
     trainer = SimpleNamespace(should_stop=False, world_size=1)
     module = SimpleNamespace(device=torch.device("cpu"))
@@ -178,13 +178,13 @@ def test_train_mode_benchmark_runs_the_callbacks_of_a_real_run(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built: dict[str, list[type]] = {}
-    real_build = imgcls.train.build_trainer
+    real_build = imgcls.run.train.build_trainer
 
     def build_trainer(cfg, plan, callbacks, loggers):  # noqa: ANN001, ANN202 - records, then builds for real
         built[str(cfg.get("mode"))] = [type(c) for c in callbacks]
         return real_build(cfg, plan, callbacks, loggers)
 
-    monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
+    monkeypatch.setattr(imgcls.run.train, "build_trainer", build_trainer)
     monkeypatch.setattr(imgcls.bench.training, "build_trainer", build_trainer)
     # No validation in either (a benchmark has none): otherwise best.ckpt's callback differs, and rightly.
     overrides = tiny_overrides(image_folder, "recipe.epochs=1", "trainer.max_steps=2", "trainer.limit_val_batches=0")

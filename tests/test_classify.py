@@ -19,8 +19,8 @@ from imgcls.data.imagenet_classes import display_names, imagenet_names
 from imgcls.data.transforms import val_transform
 from imgcls.errors import ConfigError
 from imgcls.export import export_onnx, export_weights
+from imgcls.inference.trained import TrainedModel, load_trained
 from imgcls.models.factory import build_network
-from imgcls.models.trained import TrainedModel, load_trained
 from tests.conftest import TEST_DATA, assert_one_line_error, compose_config, run_clis, sample_photos, tiny_run
 
 # The file names of the 500 ImageNet sample photos (one per class, `<wnid>_<class name>.JPEG`) the project's

@@ -1,5 +1,5 @@
 """Bad values, tried as a new user would: one line naming the key, the value and what is allowed; exit 2;
-no traceback; nothing trained. And the table behind it (config_checks.py) covers every key."""
+no traceback; nothing trained. And the table behind it (config/checks.py) covers every key."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from omegaconf import DictConfig
 
 from imgcls.cli import guarded, run_train
-from imgcls.config import options
-from imgcls.config_checks import EVALUATE, TRAIN, anything, check_config, leaves, rule_for
+from imgcls.config.checks import EVALUATE, TRAIN, anything, check_config, leaves, rule_for
+from imgcls.config.compose import options
 from tests.conftest import ROOT, assert_one_line_error, compose_config
 from tests.test_errors import InProcess
 
@@ -93,14 +93,14 @@ def test_in_a_process_names_bad_values() -> None:
 
 
 def test_warmup_longer_than_the_run_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
         check_config(compose_config(["experiment=demo", "recipe.epochs=8", "recipe.warmup_epochs=8"]))
     assert [r.getMessage() for r in caplog.records] == [
         "recipe.warmup_epochs=8 is not shorter than the run (recipe.epochs=8): the learning rate is still warming "
         "up when training ends and never reaches its peak or decays"
     ]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
         check_config(compose_config(["experiment=demo"]))  # 1 warmup epoch of 5
     assert caplog.records == []
 
@@ -111,7 +111,7 @@ def test_the_cli_checks_before_importing_and_warns_once(caplog: pytest.LogCaptur
     from imgcls.cli import run_train
 
     cfg = compose_config(["experiment=demo", "recipe.epochs=8", "recipe.warmup_epochs=8", "mode=plan"])
-    with caplog.at_level(logging.WARNING, logger="imgcls.config_checks"):
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
         run_train(cfg)
     assert [r.getMessage()[:45] for r in caplog.records] == ["recipe.warmup_epochs=8 is not shorter than th"]
 

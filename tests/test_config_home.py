@@ -1,6 +1,6 @@
-"""Each config fact has one home: a value config_checks validates up front is not checked again where it is used.
+"""Each config fact has one home: a value config.checks validates up front is not checked again where it is used.
 
-Every `raise ConfigError` in src/imgcls outside config_checks.py is listed below with why it cannot live in the
+Every `raise ConfigError` in src/imgcls outside config/checks.py is listed below with why it cannot live in the
 table: the check depends on the installed libraries, this machine, the data or files on disk, or it checks a
 command's own arguments that no table covers. A new raise site fails here until it is classified; a site that
 re-checks a key the table already checks fails too (unless it is on LEFT, the re-checks still to delete).
@@ -17,22 +17,22 @@ import pytest
 from omegaconf import OmegaConf
 
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
-from imgcls.config import CONF_DIR, options
-from imgcls.config_checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
-from imgcls.config_reference import read_yaml_keys, reference
+from imgcls.config.checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
+from imgcls.config.compose import CONF_DIR, options
+from imgcls.config.reference import read_yaml_keys, reference
 from imgcls.errors import ConfigError
-from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
+from imgcls.training.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
 from tests.conftest import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "imgcls"
-SCHEMA = "config_checks.py"
+SCHEMA = "config/checks.py"
 
 # Why each site checks at run time. The tag before the colon says what the check needs that composition does not
 # have: library (what is installed), machine (GPUs, cores, the launcher), data (files, the dataset, a checkpoint,
 # the built network), command (a command's own arguments, outside the TRAIN/EVALUATE tables), consumer (a key the
 # table leaves to the one module that reads it: `anything` there), left (a re-check or cross-key rule that belongs
-# in config_checks, in a file under another engineer's edit while this was written: delete it there).
+# in config.checks, in a file under another engineer's edit while this was written: delete it there).
 ALLOWED: dict[str, str] = {
     "bench/data.py::parse_args": "command: python -m imgcls.bench.data's own key=value arguments",
     "bench/data.py::class_folders": "data: the class folders under data.root",
@@ -47,7 +47,7 @@ ALLOWED: dict[str, str] = {
     "classify/__init__.py::classify": "command: classify's batch_size (conf/classify.yaml has no table)",
     "classify/__init__.py::image_paths": "command: classify's images",
     "classify/__init__.py::load_predictor": "command: classify's backend, and model= against an ONNX ckpt (data)",
-    "config.py::required_ckpt": "consumer: ckpt is `???` until a command needs it (config_checks.leaves)",
+    "config/compose.py::required_ckpt": "consumer: ckpt is `???` until a command needs it (config.checks.leaves)",
     "data/augment.py::parse_randaugment": "consumer: data.randaugment, timm's RandAugment string",
     "data/backends.py::_dali.build": "library: NVIDIA DALI does not import",
     "data/backends.py::make_backend": "consumer: data.backend names a registered backend",
@@ -68,7 +68,7 @@ ALLOWED: dict[str, str] = {
     "data/shards/manifest.py::_count": "data: remote shards need data.shard_cache to be counted",
     "data/shards/remote.py::local_copy": "data: remote shards need data.shard_cache",
     "data/shards/remote.py::_filesystem": "library: fsspec refuses data.storage_options",
-    "evaluate.py::evaluate_onnx": "data: ckpt is an ONNX file",
+    "run/evaluate.py::evaluate_onnx": "data: ckpt is an ONNX file",
     "export/__init__.py::run": "command: export's format and output (a file on disk)",
     "export/triton.py::options": "command: format=triton's own keys; library: tritonclient",
     "export/triton.py::model_dir_of": "data: the checkpoint's arch as a folder name",
@@ -77,24 +77,24 @@ ALLOWED: dict[str, str] = {
     "export/triton.py::check_repository": "data: the written Triton repository",
     "models/factory.py::build_network": "library: model.arch is a timm architecture",
     "models/squeeze_excitation.py::se_kwargs": "library: which timm archs have SE blocks (model.arch)",
-    "overrides.py::check_command_line": "command: the command line's overrides",
-    "overrides.py::parse": "command: the command line's overrides",
-    "overrides.py::check_group_choices": "command: the command line's group choices",
-    "overrides.py::_check_groups": "command: the command line's groups",
-    "plan.py::accumulation_steps": "left: data.batch_size / recipe.global_batch_size re-checked (plan.py)",
-    "plan.py::lookup_batch": "left: the hardware profile's batch table lacks the model's profile (plan.py)",
-    "plan.py::world_size_of": "machine: the devices this machine has",
-    "published.py::run_of": "data: published_runs.csv has the experiment's row",
-    "published.py::resolve": "command: the resolver's field argument in a config file",
+    "config/overrides.py::check_command_line": "command: the command line's overrides",
+    "config/overrides.py::parse": "command: the command line's overrides",
+    "config/overrides.py::check_group_choices": "command: the command line's group choices",
+    "config/overrides.py::_check_groups": "command: the command line's groups",
+    "run/plan.py::accumulation_steps": "left: data.batch_size / recipe.global_batch_size re-checked (plan.py)",
+    "run/plan.py::lookup_batch": "left: the hardware profile's batch table lacks the model's profile (plan.py)",
+    "run/plan.py::world_size_of": "machine: the devices this machine has",
+    "config/published.py::run_of": "data: published_runs.csv has the experiment's row",
+    "config/published.py::resolve": "command: the resolver's field argument in a config file",
     "quantization/calibration.py::calibration_dataset": "data: calibration reads a folder dataset",
     "quantization/calibration.py::calibration_batches": "command: ptq's calibration.* keys (no table)",
     "quantization/placement.py::add_quantizers": "data: NVIDIA's quantizers need EfficientNet blocks in the network",
-    "quantization/ptq.py::options": "command: ptq's calibration.* keys (no table)",
+    "export/int8.py::options": "command: ptq's calibration.* keys (no table)",
     "quantization/qat.py::_modelopt": "library: NVIDIA Model Optimizer does not import",
-    "rundir.py::launch_id": "machine: torchrun's rendezvous without a shared run dir",
-    "rundir.py::check_run_files_are_ours": "data: the run dir holds files imgcls did not write",
-    "trainer.py::check_trainer_args": "library: lightning.Trainer's arguments",
-    "trainer.py::build_trainer": "machine: sync_batchnorm without GPUs",
+    "run/rundir.py::launch_id": "machine: torchrun's rendezvous without a shared run dir",
+    "run/rundir.py::check_run_files_are_ours": "data: the run dir holds files imgcls did not write",
+    "run/trainer.py::check_trainer_args": "library: lightning.Trainer's arguments",
+    "run/trainer.py::build_trainer": "machine: sync_batchnorm without GPUs",
 }
 TAGS = ("library", "machine", "data", "command", "consumer", "left")
 # What may check a key that the table checks too: what the table cannot know, or a re-check not yet deleted.
@@ -162,7 +162,7 @@ def test_every_config_error_raise_site_says_why_it_is_not_in_the_schema() -> Non
 
 
 def test_no_runtime_recheck_of_a_key_the_schema_validates() -> None:
-    """A message `KEY=... must be ...` where config_checks already checks KEY: the same check twice."""
+    """A message `KEY=... must be ...` where config.checks already checks KEY: the same check twice."""
     rechecks = {
         site: keys
         for site, messages in _raise_sites().items()
@@ -192,9 +192,9 @@ def test_every_option_of_a_group_starts_from_its_base(group: str) -> None:
 
 
 def test_docs_config_keys_is_the_reference_the_schema_generates() -> None:
-    """docs/config-keys.md is made from config_checks' tables and conf/ (`python -m imgcls.config_reference`)."""
+    """docs/config-keys.md is made from config.checks' tables and conf/ (`python -m imgcls.config.reference`)."""
     written = (ROOT / "docs" / "config-keys.md").read_text()
-    assert written == reference(), "docs/config-keys.md is stale: run `python -m imgcls.config_reference`"
+    assert written == reference(), "docs/config-keys.md is stale: run `python -m imgcls.config.reference`"
 
 
 def _readme_section(title: str) -> str:
@@ -226,7 +226,7 @@ def test_every_key_the_readme_config_groups_section_names_is_a_schema_key() -> N
         prefix = "" if group == "top level" else group + "."
         named += [prefix + key for key in re.findall(r"`([a-z_][\w.]*)`", text)]
     unknown = sorted({key for key in named if not _is_schema_key(key)})
-    assert not unknown, f"README.md's Config groups names keys config_checks does not have: {unknown}"
+    assert not unknown, f"README.md's Config groups names keys config.checks does not have: {unknown}"
     assert len(named) > 80  # the parse found the key lists
 
 

@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from imgcls.config import options
-from imgcls.plan import resolve_plan
+from imgcls.config.compose import options
+from imgcls.run.plan import resolve_plan
 from tests.conftest import ROOT, compose_config
 
 REFERENCE = ROOT / "docs" / "reference" / "nvidia-recipe-tables.md"  # travels with the repository

@@ -48,7 +48,7 @@ def test_backend_choice_errors(folder: Path) -> None:
         make_backend(data_cfg(folder, "data.backend=dali_fast"))
     with pytest.raises(ConfigError, match="data.interpolation=box is not supported by DALI; allowed: bilinear"):
         make_backend(data_cfg(folder, "data.interpolation=box"))
-    # data.dali_resize_threads / dali_host_prefetch: config_checks refuses a bad value (tests/test_config_home.py)
+    # data.dali_resize_threads / dali_host_prefetch: config.checks refuses a bad value (tests/test_config_home.py)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="dali_gpu needs a CUDA GPU") as info:
             make_backend(data_cfg(folder, "data.backend=dali_gpu"))
@@ -192,7 +192,7 @@ def test_host_resize_choice() -> None:
     assert not resize_on_host("auto", gpu=False, augment=None, interpolation="triangular")
     assert not resize_on_host("auto", gpu=True, augment=None, interpolation="bilinear")
     assert not resize_on_host("dali", gpu=False, augment=None, interpolation="bilinear")
-    # dali_train_resize=torch with an augment policy or an interpolation torch lacks: config_checks refuses it
+    # dali_train_resize=torch with an augment policy or an interpolation torch lacks: config.checks refuses it
     # (tests/test_config_home.py).
 
 
@@ -465,13 +465,13 @@ def test_dali_gpu_matches_dali_cpu_on_val(folder: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("resize", ["torch", "dali"])
 def test_one_epoch_train_and_val(folder: Path, tmp_path: Path, resize: str) -> None:
-    import imgcls.train
+    import imgcls.run.train
 
     overrides = tiny_overrides(
         folder, "data.backend=dali_cpu", "recipe.epochs=1", "recipe.warmup_epochs=0", f"data.dali_train_resize={resize}"
     )
     cfg = compose_config(overrides, run_dir=tmp_path)
-    summary = imgcls.train.run(cfg)
+    summary = imgcls.run.train.run(cfg)
     rows = read_report(tmp_path)["epochs"]
     assert len(rows) == 1 and rows[0]["step"] == 3  # 24 images / batch 8
     assert np.isfinite(summary["train.loss"]) and 0 <= summary["val.top1"] <= 100

@@ -33,7 +33,7 @@ def test_fp32_run_with_dali_fp16_is_refused_in_one_line(image_folder: Path, tmp_
 
 
 def test_tf32_refused_too(image_folder: Path) -> None:
-    from imgcls.config_checks import check_config
+    from imgcls.config.checks import check_config
     from imgcls.errors import ConfigError
 
     with pytest.raises(ConfigError, match="precision=tf32"):
@@ -44,9 +44,9 @@ def test_tf32_refused_too(image_folder: Path) -> None:
 @pytest.mark.parametrize("precision", ["bf16", "amp"])
 def test_autocast_runs_train_on_half_images(image_folder: Path, tmp_path: Path, precision: str) -> None:
     """amp on a CPU: real fp16 autocast with GradScaler("cpu") (precision.cpu_fp16)."""
-    import imgcls.train
+    import imgcls.run.train
 
     extra = ("precision.cpu_fp16=true",) if precision == "amp" else ()
-    summary = imgcls.train.run(compose_config(dali_fp16(image_folder, precision, *extra), run_dir=tmp_path))
+    summary = imgcls.run.train.run(compose_config(dali_fp16(image_folder, precision, *extra), run_dir=tmp_path))
     assert read_report(tmp_path)["epochs"][0]["step"] == 6  # 48 images / batch 8
     assert np.isfinite(summary["train.loss"])

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import imgcls.data.demo as demo
-from imgcls.checkpoint import check_writable
 from imgcls.errors import ConfigError, DataError, StorageError
 from imgcls.storage import write_json_atomic
+from imgcls.training.checkpoint import check_writable
 from tests.conftest import assert_one_line_error, compose_config, read_report, run_cli, tiny_overrides
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from imgcls.train import run
+from imgcls.run.train import run
 from tests.conftest import compose_config, read_report
 
 

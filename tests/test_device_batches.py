@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-import imgcls.train
+import imgcls.run.train
 from imgcls.data.backends import make_backend
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.data.images import CheckedImageFolder
@@ -79,11 +79,11 @@ def test_a_run_trains_and_validates_on_normalized_float_batches(
 ) -> None:
     """Lightning calls the DataModule's on_after_batch_transfer for both splits: the network never sees uint8."""
     seen = BatchSeen()
-    real_build = imgcls.train.build_trainer
-    monkeypatch.setattr(imgcls.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
+    real_build = imgcls.run.train.build_trainer
+    monkeypatch.setattr(imgcls.run.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
         cfg, plan, [seen, *callbacks], loggers))  # fmt: skip
     overrides = tiny_overrides(image_folder, "recipe.epochs=1", f"model.channels_last={str(channels_last).lower()}")
-    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
     assert seen.train and seen.val
     assert set(seen.train) == set(seen.val) == {(torch.float32, channels_last)}
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.rundir import launch_overrides
-from imgcls.train import run
+from imgcls.run.rundir import launch_overrides
+from imgcls.run.train import run
 from tests import warm_python
 from tests.conftest import ROOT, clean_env, compose_config, free_port, make_image_folder, read_report, tiny_overrides
 
@@ -206,7 +206,7 @@ def test_seed_differs_per_global_rank(torchrun_two_nodes: tuple[Path, list[str]]
 def test_validation_exact_across_process_counts(lightning_ddp: tuple[Path, str], folder: Path, tmp_path: Path) -> None:
     """The 2-process run validated its last weights on unpadded parts of 11 + 10 images; one process
     evaluating the same checkpoint must get identical numbers (padding would count 1 image twice)."""
-    from imgcls.evaluate import run as evaluate
+    from imgcls.run.evaluate import run as evaluate
 
     run_dir = lightning_ddp[0]
     two = read_report(run_dir)["epochs"][-1]
@@ -276,8 +276,8 @@ def test_sync_batchnorm_on_cpu_ddp_is_refused_in_one_line(folder: Path, tmp_path
 
 
 def test_deterministic_sets_lightnings_deterministic_mode(folder: Path, tmp_path: Path) -> None:
-    from imgcls.plan import resolve_plan
-    from imgcls.trainer import build_trainer
+    from imgcls.run.plan import resolve_plan
+    from imgcls.run.trainer import build_trainer
 
     cfg = compose_config(tiny_overrides(folder, "deterministic=true"), run_dir=tmp_path)
     try:
@@ -289,8 +289,8 @@ def test_deterministic_sets_lightnings_deterministic_mode(folder: Path, tmp_path
 
 
 def test_cudnn_autotuning_is_on_as_in_nvidias_runs(folder: Path, tmp_path: Path) -> None:
-    from imgcls.plan import resolve_plan
-    from imgcls.trainer import build_trainer
+    from imgcls.run.plan import resolve_plan
+    from imgcls.run.trainer import build_trainer
 
     try:
         build_trainer(

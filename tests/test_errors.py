@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imgcls.cli import guarded
-from imgcls.train import run
+from imgcls.run.train import run
 from tests.conftest import (
     ROOT,
     assert_one_line_error,
@@ -23,7 +23,7 @@ from tests.conftest import (
 
 
 class InProcess:
-    """The same path as the CLI (imgcls.cli.guarded around imgcls.train.run), without paying for a
+    """The same path as the CLI (imgcls.cli.guarded around imgcls.run.train.run), without paying for a
     fresh interpreter per case: a SystemExit code and the captured stderr."""
 
     def __init__(self, returncode: int, stderr: str) -> None:

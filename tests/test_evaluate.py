@@ -15,9 +15,9 @@ import torch
 from omegaconf import OmegaConf
 
 from imgcls.errors import CheckpointError, ConfigError, DataError
-from imgcls.evaluate import run as evaluate
 from imgcls.export import export_weights
-from imgcls.models.trained import load_trained
+from imgcls.inference.trained import load_trained
+from imgcls.run.evaluate import run as evaluate
 from tests.conftest import ROOT, assert_one_line_error, compose_config, read_report, run_clis, tiny_run
 
 

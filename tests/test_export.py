@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from imgcls.data.transforms import val_transform
 from imgcls.errors import CheckpointError
 from imgcls.export import run as export
+from imgcls.inference.trained import load_trained
 from imgcls.models.factory import build_network
-from imgcls.models.trained import load_trained
 from tests.conftest import assert_one_line_error, compose_config, run_clis, sample_photos, tiny_run
 
 # fp32 PyTorch vs onnxruntime on the same preprocessed photos: the largest logit difference allowed.

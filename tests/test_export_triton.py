@@ -16,7 +16,7 @@ from imgcls.data.transforms import val_transform
 from imgcls.errors import ConfigError
 from imgcls.export import run as export
 from imgcls.export.triton import check_repository, trtexec_usable
-from imgcls.models.trained import load_trained
+from imgcls.inference.trained import load_trained
 from tests.conftest import assert_one_line_error, compose_config, run_clis, tiny_run
 from tests.test_export import ONNX_MAX_ABS_DIFF
 

@@ -3,7 +3,7 @@
 The section "PyTorch recipes and TF1's optimizer, value by value" has one row per (experiment, key) with the value
 NVIDIA's code gives (each read at the NVIDIA file:line in the row). Each row's experiment is composed as
 `python train.py experiment=E` would (composition only, nothing is trained) and the key is read from the config
-(a dotted path) or from the run plan (`plan.<field>`, imgcls.plan.resolve_plan), so that a changed recipe, model,
+(a dotted path) or from the run plan (`plan.<field>`, imgcls.run.plan.resolve_plan), so that a changed recipe, model,
 hardware table or plan arithmetic fails here, naming the NVIDIA source it no longer matches.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.plan import RunPlan, resolve_plan
+from imgcls.run.plan import RunPlan, resolve_plan
 from tests.conftest import ROOT, compose_config
 
 HEADING = "## PyTorch recipes and TF1's optimizer, value by value"

@@ -1,5 +1,5 @@
-"""The GPU acceptance script on a CPU machine: one line and exit 0; its plan covers every GPU path and each
-planned command composes under Hydra and plans (check_devices=False) like the real run would."""
+"""The GPU acceptance script on a CPU machine: one line and exit 0; its dry run covers every GPU path and each
+command composes under Hydra and plans (check_devices=False) like the real run would."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import torch
 from omegaconf import OmegaConf
 
 from imgcls.bench import gpu_check, overhead
-from imgcls.config_checks import check_config
-from imgcls.plan import resolve_plan
-from imgcls.published import throughput_table
-from imgcls.trainer import check_trainer_args
+from imgcls.config.checks import check_config
+from imgcls.config.published import throughput_table
+from imgcls.run.plan import resolve_plan
+from imgcls.run.trainer import check_trainer_args
 from tests.conftest import ROOT, compose_config
 
 THROUGHPUT = throughput_table()  # NVIDIA's training img/s: {(model, hardware, precision): {GPUs: img/s}}
@@ -38,22 +38,22 @@ def test_cpu_machine_says_so_in_one_line_and_exits_0(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines() == [
-        "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan lists "
+        "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --dry-run lists "
         "the checks)"
     ]
     assert list(tmp_path.iterdir()) == []  # no empty run folder left behind in the temp dir
 
 
-def planned(capsys: pytest.CaptureFixture, *args: str) -> dict[str, list[str]]:
-    assert gpu_check.main(["--plan", *args]) == 0
+def dry_run(capsys: pytest.CaptureFixture, *args: str) -> dict[str, list[str]]:
+    assert gpu_check.main(["--dry-run", *args]) == 0
     rows = [line.split(": ", 1) for line in capsys.readouterr().out.strip().splitlines()]
     return {path: shlex.split(command) for path, command in rows}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hardware", ["dgxa100", "dgx1v"])
-def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: str) -> None:
-    plan = planned(capsys, "--gpus", "8", "--hardware", hardware, "--data", "/data/imagenet")
+def test_dry_run_covers_every_gpu_path_and_each_command_composes(capsys, hardware: str) -> None:
+    plan = dry_run(capsys, "--gpus", "8", "--hardware", hardware, "--data", "/data/imagenet")
     assert list(plan) == list(gpu_check.PATHS)
     configs = {}
     for path, command in plan.items():
@@ -135,10 +135,10 @@ def test_plan_runs_every_gpu_path_and_each_command_composes(capsys, hardware: st
 
 
 def test_one_gpu_runs_the_ddp_rows_as_one_process(capsys: pytest.CaptureFixture) -> None:
-    plan = planned(capsys, "--gpus", "1", "--hardware", "dgxa100")
+    plan = dry_run(capsys, "--gpus", "1", "--hardware", "dgxa100")
     for path in ("syncbn_efficientnet", "ddp_nccl"):
         assert "trainer.devices=1" in plan[path] and "trainer.strategy=ddp" in plan[path]
-    checks = {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data", 40, "/tmp/x")}
+    checks = {c.path: c for c in gpu_check.checks("dgxa100", 1, "/data", 40, "/tmp/x")}
     assert all(c.needs_gpus == 1 for c in checks.values())
     # ddp_nccl on one GPU runs the single-GPU benchmark's batch: 256, no accumulation (the profile's 2048 would be 8)
     assert {"data.batch_size=256", "recipe.global_batch_size=256"} <= set(plan["ddp_nccl"])
@@ -167,7 +167,7 @@ def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> N
     """The execution half on CPU: the planned amp+GradScaler row (hardware=cpu, test_resnet, batch 8, 3 steps) as
     a real train.py subprocess; its row read from the run's report.json, which has validated the raw and the EMA
     weights. The old row's setting (trainer.max_steps inside an epoch) stops before validating: that fails."""
-    planned_row = {c.path: c for c in gpu_check.plan("cpu", 1, str(image_folder), 3, str(tmp_path))}["amp+GradScaler"]
+    planned_row = {c.path: c for c in gpu_check.checks("cpu", 1, str(image_folder), 3, str(tmp_path))}["amp+GradScaler"]
     assert {"recipe.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
             "recipe.ema_decay=0.999"} <= set(planned_row.overrides)  # fmt: skip
     overrides = small_on_cpu(planned_row.overrides)
@@ -252,7 +252,7 @@ class FakeRuns:
 
 
 def checks(tmp_path: Path) -> dict[str, gpu_check.Check]:
-    return {c.path: c for c in gpu_check.plan("dgxa100", 1, "/data/cifar", 40, str(tmp_path), workers=14)}
+    return {c.path: c for c in gpu_check.checks("dgxa100", 1, "/data/cifar", 40, str(tmp_path), workers=14)}
 
 
 def report(total: float, compute: float, top1: float = 31.25) -> tuple[str, dict[str, Any]]:
@@ -401,7 +401,7 @@ def test_training_row_fails_unless_it_validated_with_ema(tmp_path, monkeypatch, 
 )
 def test_ddp_row_scales_the_single_gpu_benchmark(tmp_path, monkeypatch, gpus: int, ratio, status, mark) -> None:
     """ddp_nccl (all ranks' img/s) against resnet50_amp_benchmark's on one GPU, the same batch 256 a GPU."""
-    check = {c.path: c for c in gpu_check.plan("dgxa100", gpus, "/data", 40, str(tmp_path))}["ddp_nccl"]
+    check = {c.path: c for c in gpu_check.checks("dgxa100", gpus, "/data", 40, str(tmp_path))}["ddp_nccl"]
     assert {f"trainer.devices={gpus}", "data.batch_size=256", f"recipe.global_batch_size={256 * gpus}"} <= set(
         check.overrides
     )

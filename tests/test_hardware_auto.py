@@ -1,4 +1,4 @@
-"""hardware=auto, the default: the profile that fits this machine (imgcls/hardware.py).
+"""hardware=auto, the default: the profile that fits this machine (imgcls/config/hardware.py).
 
 Was: the default was hardware=cpu, so the headline command `python train.py model=resnext101_32x4d precision=amp
 trainer.devices=8` trained on the CPU of an 8-GPU server (32 images a device, torchvision, 8 CPU processes) without
@@ -20,10 +20,10 @@ from omegaconf.errors import ConfigAttributeError
 
 from imgcls import cli
 from imgcls.bench import gpu_check
-from imgcls.config_checks import check_config
-from imgcls.hardware import hardware_for, resolve_auto_hardware
-from imgcls.plan import describe, resolve_plan
-from imgcls.train import run
+from imgcls.config.checks import check_config
+from imgcls.config.hardware import hardware_for, resolve_auto_hardware
+from imgcls.run.plan import describe, resolve_plan
+from imgcls.run.train import run
 from tests.conftest import assert_one_line_error, compose_config, run_cli
 
 HEADLINE = ["model=resnext101_32x4d", "precision=amp", "trainer.devices=8"]
@@ -53,7 +53,7 @@ def test_without_cuda_auto_is_the_cpu_profile_with_a_warning(
 ) -> None:
     no_gpu(monkeypatch)
     cfg = compose_config(HEADLINE)
-    with caplog.at_level(logging.INFO, logger="imgcls.hardware"):
+    with caplog.at_level(logging.INFO, logger="imgcls.config.hardware"):
         reason = resolve_auto_hardware(cfg)
     assert reason == "hardware=auto chose cpu: no CUDA GPU visible"
     assert (cfg.hardware.name, cfg.trainer.accelerator, cfg.data.backend) == ("cpu", "cpu", "torchvision")
@@ -71,7 +71,7 @@ def test_headline_command_on_8_h200_is_dgxa100_on_8_gpus(
 ) -> None:
     gpus(monkeypatch, 8, "NVIDIA H200", 139)
     cfg = compose_config(HEADLINE)
-    with caplog.at_level(logging.INFO, logger="imgcls.hardware"):
+    with caplog.at_level(logging.INFO, logger="imgcls.config.hardware"):
         reason = resolve_auto_hardware(cfg)
     assert reason == (
         "hardware=auto chose dgxa100: 8x NVIDIA H200 (139 GiB), the largest batch table NVIDIA published (A100 80GB)"
@@ -188,7 +188,7 @@ def test_gpu_check_uses_the_one_rule() -> None:
 def test_headline_command_in_process_on_a_cpu_machine_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    """imgcls.train.run resolves auto itself (tests and the training benchmark call it without the CLI)."""
+    """imgcls.run.train.run resolves auto itself (tests and the training benchmark call it without the CLI)."""
     no_gpu(monkeypatch)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     with pytest.raises(SystemExit) as exit_info:

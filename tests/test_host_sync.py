@@ -19,11 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import imgcls.timing
-import imgcls.train
+import imgcls.run.train
+import imgcls.training.timing
 from imgcls.bench.training import SYNC_WARNING, BenchmarkTimer
 from imgcls.distributed import SYNC_EVERY_N_STEPS
-from imgcls.timing import StepTimer
+from imgcls.training.timing import StepTimer
 from tests import warm_python
 from tests.conftest import ROOT, clean_env, compose_config, free_port, tiny_overrides
 from tests.fake_clock import FakeClock
@@ -94,12 +94,12 @@ def count_syncs(monkeypatch: pytest.MonkeyPatch, counter: SyncCounter) -> None:
     # Not counted: device="cpu" spelled out, which stays on the host on any machine (timm's optimizers keep their
     # step counters there); a training-device tensor is made with a torch.device (self.device), on CPU runs too.
     counting(torch, "tensor", when=lambda *args, **kwargs: kwargs.get("device") not in (None, "cpu"))
-    real_build = imgcls.train.build_trainer
+    real_build = imgcls.run.train.build_trainer
 
     def build_trainer(cfg, plan, callbacks, loggers):  # noqa: ANN001, ANN202 - the counter first, then the real run's
         return real_build(cfg, plan, [counter, *callbacks], loggers)
 
-    monkeypatch.setattr(imgcls.train, "build_trainer", build_trainer)
+    monkeypatch.setattr(imgcls.run.train, "build_trainer", build_trainer)
 
 
 @pytest.mark.slow
@@ -115,7 +115,7 @@ def test_default_training_loop_syncs_at_most_once_per_k_steps(
     overrides = tiny_overrides(
         image_folder, "recipe.epochs=4", f"callbacks.progress_bar={bar}", f"trainer.enable_progress_bar={bar != 'none'}"
     )
-    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 24
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
     k = SYNC_EVERY_N_STEPS
@@ -147,7 +147,7 @@ def test_published_feature_sets_sync_at_most_once_per_k_steps(
     count_syncs(monkeypatch, counter)
     # 6 batches an epoch, 2 epochs: 12 optimizer steps, past the FiniteLoss / preemption read at step K = 10
     overrides = tiny_overrides(image_folder, *FEATURE_SETS[features], "recipe.epochs=2", "trainer.limit_val_batches=0")
-    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
     assert counter.started == 12
     syncing = {batch: calls for batch, calls in counter.calls.items() if calls}
     k = SYNC_EVERY_N_STEPS
@@ -189,7 +189,7 @@ def test_report_timer_on_cuda_reads_events_once_per_summary(monkeypatch: pytest.
     torch.cuda.synchronize per batch, one event sync when the epoch's summary is made. On a fake clock (the host's
     and the events' alike): the times are exactly the ones made here, whatever the machine's speed or load."""
     clock = FakeClock()
-    monkeypatch.setattr(imgcls.timing, "time", clock)
+    monkeypatch.setattr(imgcls.training.timing, "time", clock)
 
     class Event:  # records the clock's time; stands in for torch.cuda.Event
         made: list[Event] = []

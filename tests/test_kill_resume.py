@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.checkpoint import check_resumable
+from imgcls.training.checkpoint import check_resumable
 from tests import warm_python
 from tests.conftest import ROOT, make_image_folder, read_report, run_cli, tiny_overrides
 
@@ -97,7 +97,7 @@ def test_mid_epoch_resume_with_dataloader_workers_is_bitwise_exact(tmp_path: Pat
     mid-epoch and resumed with 2 DataLoader worker processes ends with the same weights as one that was
     not stopped. (A worker's own RNG stream cannot be saved in a checkpoint.) The stop is trainer.max_steps
     inside an epoch, without step checkpoints: last.ckpt must then be saved after the final step, in
-    mid-epoch state (checkpoint.py LastCheckpoint), or the resumed run skips the epoch's rest."""
+    mid-epoch state (callbacks/checkpoint.py LastCheckpoint), or the resumed run skips the epoch's rest."""
     data = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
     common = tiny_overrides(data, "data.num_workers=2")
     ref = run_cli("train.py", *common, f"hydra.run.dir={tmp_path / 'ref'}")

@@ -1,4 +1,5 @@
-"""The package layout rules: no import cycles (not even through function-level imports), and the layout section of
+"""The package layout rules: the layers (no module imports one of a later layer, not even inside a function or by a
+"module:function" string that a command dispatches to), no import cycles, and the layout section of
 docs/architecture.md names every module that exists and no module that does not."""
 
 from __future__ import annotations
@@ -9,6 +10,24 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYOUT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+DISPATCH = re.compile(r"imgcls(\.\w+)+:\w+")
+
+# The layers, lowest first (docs/architecture.md "Layers"): a module may import its own layer and the ones before
+# it. A module's layer is that of the longest prefix listed here.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("imgcls.errors", "imgcls.storage", "imgcls.distributed", "imgcls.typed_config", "imgcls.seeding")),
+    ("config", ("imgcls.config",)),
+    ("data", ("imgcls.data",)),
+    ("models", ("imgcls.models",)),
+    ("quantization", ("imgcls.quantization",)),
+    ("training", ("imgcls.training",)),
+    ("callbacks", ("imgcls.callbacks",)),
+    ("inference", ("imgcls.inference",)),
+    ("export", ("imgcls.export",)),
+    ("run", ("imgcls.run",)),
+    ("bench", ("imgcls.bench",)),
+    ("commands", ("imgcls.cli", "imgcls.classify", "imgcls.plot", "imgcls.export.__main__")),
+]
 
 
 def modules() -> dict[str, Path]:
@@ -22,7 +41,8 @@ def modules() -> dict[str, Path]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Every imgcls import of every module, wherever it appears (module level, function, if-block)."""
+    """Every imgcls import of every module, wherever it appears (module level, function, if-block), and every
+    "imgcls.module:function" string (cli's modes import their module by name)."""
     mods = modules()
     graph: dict[str, set[str]] = {name: set() for name in mods}
     for name, path in mods.items():
@@ -32,6 +52,8 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DISPATCH.fullmatch(node.value):
+                targets = [node.value.split(":")[0]]
             graph[name] |= {t for t in targets if t in mods and t != name}
     return graph
 
@@ -66,6 +88,40 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the longest prefix of `module`; -1 if no prefix is listed."""
+    best, found = -1, ""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(found):
+                best, found = index, prefix
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a (layer) -> b (layer)` for each import of a module of a later layer."""
+    return sorted(
+        f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+        for a, targets in graph.items()
+        for b in targets
+        if layer_of(b) > layer_of(a)
+    )
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in modules() if layer_of(m) < 0] == []
+
+
+def test_no_module_imports_one_of_a_later_layer() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {"imgcls.models.factory": {"imgcls.inference.trained"}, "imgcls.inference.trained": {"imgcls.models"}}
+    assert upward_imports(graph) == ["imgcls.models.factory (models) -> imgcls.inference.trained (inference)"]
+    assert layer_of("imgcls.export.__main__") > layer_of("imgcls.run.train") > layer_of("imgcls.export.int8")
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:

@@ -1,5 +1,5 @@
-"""recipe.mixup_mode=elem (the TF1 and TF2 recipes) with imgcls.mixup.DeviceMixup: timm's per-sample mixup / cutmix
-drawn and mixed on the batch's device, without timm's host-to-device copy of the lambdas at every step."""
+"""recipe.mixup_mode=elem (the TF1 and TF2 recipes) with imgcls.training.mixup.DeviceMixup: timm's per-sample mixup /
+cutmix drawn and mixed on the batch's device, without timm's host-to-device copy of the lambdas at every step."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 
-from imgcls.mixup import DeviceMixup
+from imgcls.training.mixup import DeviceMixup
 from tests.test_host_sync import SyncCounter, count_syncs
 
 # (mixup_alpha, cutmix_alpha, prob, cutmix_minmax): the TF recipes' mixup 0.2 (prob 1), mixup gated by prob,

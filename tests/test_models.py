@@ -65,7 +65,7 @@ def test_se_resnext_se_width_16_is_nvidia_pytorch_network() -> None:
 def test_pytorch_se_resnext_experiments_train_nvidias_network() -> None:
     """The experiments carrying NVIDIA's PyTorch SE-ResNeXt top-1 build the network that top-1 was measured
     with (SE width 16); the model's own default stays the paper's C/16."""
-    from imgcls.config import options
+    from imgcls.config.compose import options
 
     names = [n for n in options("experiment") if n.startswith("se_resnext101_32x4d_")]
     assert len(names) == 8
@@ -101,7 +101,7 @@ def test_resnext101_32x8d_basic_is_refused_with_the_reason(capsys: pytest.Captur
     """NVIDIA's stale README usage block lists `resnext101-32x8d-basic`, a network no NVIDIA code defined;
     NVIDIA's other --arch spellings get imgcls's name."""
     from imgcls.cli import check_group_choices
-    from imgcls.config import options
+    from imgcls.config.compose import options
 
     assert "resnext101_32x8d" in options("model") and "resnext50_32x4d" in options("model")
     assert not [name for name in options("model") if "basic" in name]
@@ -200,7 +200,7 @@ def module_configs(*overrides: str) -> tuple[dict, dict]:
 
 def test_config_keys_of_the_module_are_not_read_as_none() -> None:
     """A mistyped key read None before, e.g. `recipe.ema_deacy`: EMA silently off."""
-    from imgcls.module import ClassificationModule
+    from imgcls.training.module import ClassificationModule
 
     model, recipe = module_configs("recipe.ema_decay=0.99")
     module = ClassificationModule(model, recipe, plan={}, classes=["a", "b"])
@@ -214,7 +214,7 @@ def test_config_keys_of_the_module_are_not_read_as_none() -> None:
 def test_checkpoint_hyperparameters_without_newer_keys_load_with_their_defaults() -> None:
     """A checkpoint written before an optional key existed: the key's "off" value (module.MODEL_DEFAULTS /
     RECIPE_DEFAULTS), not an error; a required key missing is still an error."""
-    from imgcls.module import MODEL_DEFAULTS, RECIPE_DEFAULTS, ClassificationModule
+    from imgcls.training.module import MODEL_DEFAULTS, RECIPE_DEFAULTS, ClassificationModule
 
     model, recipe = module_configs()
     old_model = {k: v for k, v in model.items() if k not in MODEL_DEFAULTS}
@@ -239,8 +239,8 @@ class _Payload:
 
 @pytest.mark.slow
 def test_weights_files_are_never_unpickled_with_code(tmp_path: Path) -> None:
-    from imgcls.checkpoint import check_resumable
     from imgcls.models.weights import read_torch_file
+    from imgcls.training.checkpoint import check_resumable
 
     marker = tmp_path / "code-ran"
     hostile = tmp_path / "hostile.pt"
@@ -295,7 +295,7 @@ def test_tf2_efficientnet_keeps_timms_per_sample_drop_path() -> None:
 
 
 def test_drop_path_mask_is_checked_in_one_line() -> None:
-    from imgcls.config_checks import check_config
+    from imgcls.config.checks import check_config
     from imgcls.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"model.drop_path_mask"):

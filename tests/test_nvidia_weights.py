@@ -136,7 +136,7 @@ def test_evaluate_reads_an_nvidia_main_py_checkpoint(image_folder: Path, tmp_pat
     (`state_dict` wrapper, `module.` keys, --trt SE) of a 3-class network, as NVIDIA's code trains on a
     3-class folder. Its top-1 and loss are those of NVIDIA's network on the same images."""
     from imgcls.data.datamodule import ClassificationDataModule
-    from imgcls.evaluate import run as evaluate
+    from imgcls.run.evaluate import run as evaluate
 
     reference = nvidia_reference.build("efficientnet-b0", num_classes=3, trt=True)
     state = {f"module.{k}": v for k, v in reference.state_dict().items()}
@@ -185,8 +185,8 @@ def test_nvidias_se_resnext_loads_with_the_model_name_alone(tmp_path: Path, capl
     """The NGC SE-ResNeXt file (20.06 layout, every SE squeezed to 16 channels, not imgcls's default C/16) with
     model=se_resnext101_32x4d alone: the SE width comes from the file's shapes, the log says so, and the network
     computes what NVIDIA's does; the same file through evaluate's plain-state_dict path too."""
-    from imgcls.config import model_config
-    from imgcls.models.trained import load_trained
+    from imgcls.config.compose import model_config
+    from imgcls.inference.trained import load_trained
 
     reference = nvidia_reference.build("se-resnext101-32x4d").eval()
     path = nvidia_file(tmp_path / "se.pth", reference, "old", wrapper=False)
@@ -205,8 +205,8 @@ def test_nvidias_se_resnext_loads_with_the_model_name_alone(tmp_path: Path, capl
 @pytest.mark.slow
 def test_classify_and_evaluate_name_nvidias_layout_of_a_file_that_does_not_fit(tmp_path: Path) -> None:
     """A widese-B0 NGC file given model=efficientnet_b0 (the plain-state_dict path of classify and evaluate)."""
-    from imgcls.config import model_config
-    from imgcls.models.trained import load_trained
+    from imgcls.config.compose import model_config
+    from imgcls.inference.trained import load_trained
 
     path = nvidia_file(tmp_path / "w.pth", nvidia_reference.build("efficientnet-widese-b0"), "old", wrapper=False)
     model_cfg = model_config(compose_config(["model=efficientnet_b0"], config_name="classify"))

@@ -1,4 +1,4 @@
-"""Mistakes on the command line (imgcls.overrides), checked in process on Hydra's real parser and composition:
+"""Mistakes on the command line (imgcls.config.overrides), checked in process on Hydra's real parser and composition:
 each is one line naming the override and what was likely meant; the command lines of the docs and tests pass.
 tests/test_errors.py runs the commands themselves (exit code 2, one line on stderr, no traceback)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from imgcls.config_checks import EVALUATE, TRAIN
+from imgcls.config.checks import EVALUATE, TRAIN
+from imgcls.config.overrides import check_command_line
 from imgcls.errors import ConfigError
-from imgcls.overrides import check_command_line
 
 TABLES = {"train": TRAIN, "evaluate": EVALUATE, "classify": None, "export": None}
 
@@ -74,7 +74,7 @@ def test_inside_a_running_hydra_app() -> None:
     """Composes with the app's config dir instead of initializing Hydra a second time (a ValueError)."""
     from hydra import initialize_config_dir
 
-    from imgcls.config import CONF_DIR
+    from imgcls.config.compose import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         assert "did you mean model=resnet50?" in refused("train", "modle=resnet50")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from imgcls.config import options
-from imgcls.plan import describe
+from imgcls.config.compose import options
+from imgcls.run.plan import describe
 from tests.conftest import compose_config, run_cli
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgcls.plot import CHARTS, draw_chart
+from imgcls.callbacks.charts import CHARTS, draw_chart
 
 MATPLOTLIB_BLUE, MATPLOTLIB_ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # colours of runs 1 and 2
 

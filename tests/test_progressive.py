@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
 from imgcls.data.augment import with_magnitude
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
@@ -103,8 +103,8 @@ def test_loader_size_follows_the_epoch(folder: Path, backend: str, resize: str) 
 @pytest.mark.slow
 def test_run_changes_size_at_epochs_and_resumes(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("nvidia.dali")
-    import imgcls.train
-    from imgcls.module import ClassificationModule
+    import imgcls.run.train
+    from imgcls.training.module import ClassificationModule
 
     seen: list[tuple[int, str, int]] = []
     train_step, val_step = ClassificationModule.training_step, ClassificationModule.validation_step
@@ -125,10 +125,10 @@ def test_run_changes_size_at_epochs_and_resumes(folder: Path, tmp_path: Path, mo
         "data.progressive.end_epoch=2",
     )  # fmt: skip
     # Stop after 2 of the 3 epochs, then resume from last.ckpt for the third.
-    imgcls.train.run(compose_config([*overrides, "trainer.max_epochs=2"], run_dir=tmp_path))
+    imgcls.run.train.run(compose_config([*overrides, "trainer.max_epochs=2"], run_dir=tmp_path))
     first = sorted(set(seen))
     seen.clear()
-    imgcls.train.run(compose_config([*overrides, "ckpt_path=last"], run_dir=tmp_path))
+    imgcls.run.train.run(compose_config([*overrides, "ckpt_path=last"], run_dir=tmp_path))
     resumed = sorted(set(seen))
     assert first == [(0, "train", 16), (0, "val", 48), (1, "train", 32), (1, "val", 48)]
     # The resumed run continues with epoch 2, at epoch 2's size.

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from imgcls.plan import resolve_plan
+from imgcls.run.plan import resolve_plan
 from tests import warm_python
 from tests.conftest import ROOT, clean_env, compose_config, free_port, make_image_folder
 
@@ -178,7 +178,7 @@ def check_behaviour(name: str, f: dict[str, object], probes: list[dict]) -> None
 
 def ema_decay(decay: float, dynamic: bool, step: int) -> float:
     """The EMA's decay at optimizer step `step` (1 = the first): timm copies the weights at the first update; TF2's
-    dynamic decay is min(decay, 1 - 9 / (8 + step)) after it (imgcls/module.py)."""
+    dynamic decay is min(decay, 1 - 9 / (8 + step)) after it (imgcls/training/module.py)."""
     if step <= 1:
         return 0.0
     return min(decay, 1 - 9 / (8 + step)) if dynamic else decay

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from imgcls.config import CONF_DIR, options
+from imgcls.config.compose import CONF_DIR, options
+from imgcls.config.published import TABLE, expected, resolve, run_of, runs, throughput_table
 from imgcls.errors import ConfigError
-from imgcls.plan import resolve_plan
-from imgcls.published import TABLE, expected, resolve, run_of, runs, throughput_table
+from imgcls.run.plan import resolve_plan
 from tests.conftest import ROOT, compose_config
 from tests.test_tf_experiments import PUBLISHED, PUBLISHED_SHAPES
 
@@ -193,12 +193,14 @@ def test_experiment_composes_to_its_row(name: str) -> None:
 
 
 def test_the_docs_tables_are_the_published_table() -> None:
-    """docs/recipes.md shows every experiment's published numbers as `python -m imgcls.published` prints them:
+    """docs/recipes.md shows every experiment's published numbers as `python -m imgcls.config.published` prints them:
     the table is the one place they are typed in."""
-    from imgcls.published import FRAMEWORKS, markdown
+    from imgcls.config.published import FRAMEWORKS, markdown
 
     text = (ROOT / "docs" / "recipes.md").read_text()
     for framework in FRAMEWORKS:
         shown = re.search(rf"<!-- published:{framework} -->\n(.*?)<!-- /published:{framework} -->", text, re.S)
         assert shown is not None, framework
-        assert shown.group(1) == markdown(framework), f"docs/recipes.md: run python -m imgcls.published ({framework})"
+        assert shown.group(1) == markdown(framework), (
+            f"docs/recipes.md: run python -m imgcls.config.published ({framework})"
+        )

@@ -20,11 +20,11 @@ from imgcls.bench.inference import markdown_table
 from imgcls.bench.inference import run as benchmark
 from imgcls.data.transforms import val_transform
 from imgcls.errors import CheckpointError, ConfigError, DataError
-from imgcls.evaluate import run as evaluate
 from imgcls.export import run as export
-from imgcls.models.onnx_model import load_onnx
-from imgcls.models.trained import load_trained
+from imgcls.inference.onnx_model import load_onnx
+from imgcls.inference.trained import load_trained
 from imgcls.quantization.calibration import calibration_batches, spread_pick
+from imgcls.run.evaluate import run as evaluate
 from tests.conftest import assert_one_line_error, compose_config, make_image_folder, read_report, run_clis, tiny_run
 
 # Share of the tiny model's train + val images (66) on which INT8 and fp32 pick the same class. Measured: all of

@@ -13,11 +13,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import imgcls.train
-from imgcls.config_checks import check_config
+import imgcls.run.train
+from imgcls.config.checks import check_config
 from imgcls.errors import ConfigError
 from imgcls.export import run as export
-from imgcls.models.trained import load_trained
+from imgcls.inference.trained import load_trained
 from imgcls.quantization import qat
 from imgcls.quantization.calibration import calibration_batches
 from tests.conftest import compose_config, tiny_overrides, tiny_run
@@ -47,7 +47,7 @@ def qat_run(fp32_run: Path, image_folder: Path, tmp_path_factory: pytest.TempPat
     run_dir = tmp_path_factory.mktemp("qat-run")
     weights = fp32_run / "checkpoints" / "last.ckpt"
     cfg = compose_config(tiny_overrides(image_folder, *QAT_OVERRIDES, f"model.weights={weights}"), run_dir=run_dir)
-    imgcls.train.run(cfg)
+    imgcls.run.train.run(cfg)
     return run_dir
 
 
@@ -118,7 +118,7 @@ def test_qat_checkpoint_loads_exports_to_qdq_onnx_and_runs_in_onnxruntime(
 
 
 def test_qat_without_trained_weights_is_one_line(image_folder: Path) -> None:
-    from imgcls.config_checks import check_config
+    from imgcls.config.checks import check_config
 
     with pytest.raises(ConfigError, match=r"^recipe=qat fine-tunes a trained network .*set model.weights=PATH"):
         check_config(compose_config(tiny_overrides(image_folder, "recipe=qat")))
@@ -280,7 +280,7 @@ def calibration_folder(tmp_path: Path) -> Path:
 
 
 def _calibration(root: Path, images: int, batch_size: int, seed: int) -> torch.Tensor:
-    from imgcls.models.trained import preprocessing_of
+    from imgcls.inference.trained import preprocessing_of
 
     data = compose_config(tiny_overrides(root)).data
     return torch.cat(list(calibration_batches(data, preprocessing_of(data), images, batch_size, seed)))
@@ -360,7 +360,7 @@ def test_calibration_picks_the_images_of_imagefolders_own_walk(
     code's batches when it changed, on a folder like this one and for these seeds)."""
     from imgcls.data.images import CheckedImageFolder
     from imgcls.data.transforms import val_transform
-    from imgcls.models.trained import preprocessing_of
+    from imgcls.inference.trained import preprocessing_of
     from imgcls.quantization.calibration import spread_pick
 
     data = compose_config(tiny_overrides(calibration_folder)).data
@@ -495,7 +495,7 @@ def test_the_module_quantizes_with_the_recipes_calibrator_and_quantizers() -> No
     """ClassificationModule.quantize_network (what train.py's configure_model runs) reads recipe.qat."""
     from timm.models._efficientnet_blocks import SqueezeExcite
 
-    from imgcls.module import ClassificationModule
+    from imgcls.training.module import ClassificationModule
 
     cfg = OmegaConf.to_container(compose_config(["model=efficientnet_b0", "recipe=qat_efficientnet_b0"]), resolve=True)
     module = ClassificationModule(cfg["model"], cfg["recipe"], plan={}, classes=[str(i) for i in range(10)])
@@ -509,7 +509,7 @@ def test_the_module_quantizes_with_the_recipes_calibrator_and_quantizers() -> No
 def test_train_augmented_calibration_images_are_seeded(calibration_folder: Path) -> None:
     """recipe.qat.calibration_preprocessing=train: the training augmentation, drawn per image from the seed, so
     every rank and every run calibrates on the same images; not the val preprocessing's."""
-    from imgcls.models.trained import preprocessing_of
+    from imgcls.inference.trained import preprocessing_of
 
     data = compose_config(tiny_overrides(calibration_folder, "data.train_crop_scale=[0.1,0.3]")).data
 

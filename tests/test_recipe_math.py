@@ -9,14 +9,14 @@ import pytest
 import torch
 from timm.data import Mixup
 
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
 from imgcls.errors import ConfigError
 from imgcls.models import build_network
-from imgcls.module import _ns
-from imgcls.optimizer import build_optimizer, parameter_groups
-from imgcls.plan import accumulation_steps, fit_per_device, make_plan
-from imgcls.scheduler import EpochStartLR, build_scheduler, scaled_lr, warmup_steps
-from imgcls.train import run
+from imgcls.run.plan import accumulation_steps, fit_per_device, make_plan
+from imgcls.run.train import run
+from imgcls.training.module import _ns
+from imgcls.training.optimizer import build_optimizer, parameter_groups
+from imgcls.training.scheduler import EpochStartLR, build_scheduler, scaled_lr, warmup_steps
 from tests.conftest import compose_config, read_report, tiny_overrides
 
 

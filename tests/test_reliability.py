@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.checkpoint import AtomicCheckpointIO
 from imgcls.cli import guarded
 from imgcls.data.torchvision.samplers import RankSampler, ResumableDataLoader
 from imgcls.errors import StorageError
-from imgcls.train import run
+from imgcls.run.train import run
+from imgcls.training.checkpoint import AtomicCheckpointIO
 from tests import warm_python
 from tests.conftest import ROOT, compose_config, make_image_folder, run_cli, tiny_overrides
 
@@ -164,7 +164,7 @@ def test_imgcls_handles_the_preemption_signals_for_the_whole_run(
     signal handler) was live in setup and teardown, and SIGUSR2 (submitit's) was not handled at all."""
     import lightning as L
 
-    import imgcls.train
+    import imgcls.run.train
     from imgcls.callbacks import preemption
 
     seen: dict[str, list] = {}
@@ -179,8 +179,8 @@ def test_imgcls_handles_the_preemption_signals_for_the_whole_run(
         def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
             seen["teardown"] = [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS]
 
-    real_build = imgcls.train.build_trainer
-    monkeypatch.setattr(imgcls.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
+    real_build = imgcls.run.train.build_trainer
+    monkeypatch.setattr(imgcls.run.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
         cfg, plan, [*callbacks, Handlers()], loggers))  # fmt: skip
     before = [signal.getsignal(s) for s in preemption.PREEMPTION_SIGNALS]
     run(compose_config(tiny_overrides(data, "recipe.epochs=1"), run_dir=tmp_path))

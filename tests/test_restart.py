@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from imgcls.callbacks.preemption import restarted_by
-from imgcls.checkpoint import AtomicCheckpointIO
 from imgcls.errors import CheckpointError
+from imgcls.training.checkpoint import AtomicCheckpointIO
 from tests import warm_python
 from tests.conftest import ROOT, assert_one_line_error, clean_env, make_image_folder, run_cli, tiny_overrides
 from tests.test_kill_resume import assert_same_final_weights, wait_for

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from imgcls.plot import SOFTWARE
+from imgcls.callbacks.charts import SOFTWARE
 from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 
 
@@ -90,7 +90,7 @@ def test_the_wall_time_continues_over_a_resume(image_folder: Path, tmp_path: Pat
     if the first invocation had run for days), it does not start again at 0."""
     import torch
 
-    from imgcls.train import run
+    from imgcls.run.train import run
 
     args = tiny_overrides(image_folder)
     run(compose_config([*args, "trainer.max_epochs=1"], run_dir=tmp_path))
@@ -103,7 +103,7 @@ def test_the_wall_time_continues_over_a_resume(image_folder: Path, tmp_path: Pat
     report = read_report(tmp_path)
     first, second = report["epochs"]
     assert first["wall_time_s"] < 600 and 1e6 < second["wall_time_s"] <= report["wall_time_s"] < 1e6 + 600
-    assert report["command"] is None  # imgcls.train.run called from Python: no command line
+    assert report["command"] is None  # imgcls.run.train.run called from Python: no command line
 
 
 @pytest.mark.slow

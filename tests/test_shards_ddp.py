@@ -63,7 +63,7 @@ def test_two_processes_on_uneven_shards_take_equal_steps_and_validate_exactly(
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 5
 
-    from imgcls.evaluate import run as evaluate
+    from imgcls.run.evaluate import run as evaluate
 
     # evaluate.py's data.format/data.root overrides: the checkpoint's own val set, read from the folder.
     overrides = [

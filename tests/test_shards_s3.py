@@ -458,7 +458,7 @@ def test_train_from_a_bucket_as_from_the_local_shards(s3: S3, uploaded: tuple[Pa
     """train.py debug=tiny on s3://BUCKET/wds (a subprocess, S3 endpoint and keys as a MinIO user gives them),
     and in this process on the local folder it was uploaded from, side by side: the same losses and val
     top-1."""
-    from imgcls.train import run
+    from imgcls.run.train import run
 
     local, url = uploaded
     cache = tmp_path / "cache"

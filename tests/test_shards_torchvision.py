@@ -1,4 +1,4 @@
-"""The torchvision path over shard files (data/shards/stream.py): the epoch plan's distributed semantics, the
+"""The torchvision path over shard files (data/shards/stream.py): the epoch assignment's distributed semantics, the
 same images and labels as the folder they came from, mid-epoch resume, label bases and bad records.
 
 Real JPEGs in real webdataset tars and TFRecord files, real DataLoader worker processes, the backend built
@@ -19,7 +19,7 @@ from imgcls.data.backends import make_backend
 from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards import tfrecord, webdataset
 from imgcls.data.shards.convert import convert
-from imgcls.data.shards.epoch_plan import epoch_plan, loader_order, rank_range
+from imgcls.data.shards.epoch_assignment import epoch_assignment, loader_order, rank_range
 from imgcls.data.shards.manifest import manifest_document, write_manifest
 from imgcls.data.shards.stream import ShardStreamSampler
 from imgcls.data.torchvision.backend import ShardBackend
@@ -86,7 +86,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def shards(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Uneven webdataset shards. The plan does not depend on the format (both formats: `converted`)."""
+    """Uneven webdataset shards. The assignment does not depend on the format (both formats: `converted`)."""
     return shard_folder(folder, tmp_path_factory.mktemp("uneven"), "webdataset", UNEVEN, [4, 6, 5])
 
 
@@ -130,10 +130,10 @@ def error_of(loader: Any) -> str:
     raise AssertionError("the loader raised no DataError")
 
 
-# --- the plan, pure -----------------------------------------------------------------------------------------
+# --- the assignment, pure -----------------------------------------------------------------------------------
 
 
-def test_train_plan_every_rank_equal_batches_every_sample_once_but_the_remainder() -> None:
+def test_train_assignment_every_rank_equal_batches_every_sample_once_but_the_remainder() -> None:
     world, batch, workers = 2, 4, 2
     total = sum(UNEVEN)
     q = total // (world * batch) * batch  # 16 per rank, 3 left over
@@ -141,24 +141,25 @@ def test_train_plan_every_rank_equal_batches_every_sample_once_but_the_remainder
     for epoch in range(3):
         seen: list[int] = []
         for rank in range(world):
-            order = loader_order(epoch_plan(UNEVEN, world, rank, batch, workers, 0, epoch, True), batch)
+            order = loader_order(epoch_assignment(UNEVEN, world, rank, batch, workers, 0, epoch, True), batch)
             assert len(order) == q  # equal batch counts: no rank waits for another in an all-reduce
             seen += order.tolist()
         assert len(set(seen)) == len(seen) == world * q  # disjoint over ranks
         leftovers.append(frozenset(range(total)) - set(seen))
         assert len(leftovers[-1]) == total - world * q
     assert len(set(leftovers)) > 1  # the remainder changes with the epoch (shard and record order)
-    again = loader_order(epoch_plan(UNEVEN, world, 1, batch, workers, 0, 2, True), batch)
-    assert again.tolist() == loader_order(epoch_plan(UNEVEN, world, 1, batch, workers, 0, 2, True), batch).tolist()
-    other_seed = loader_order(epoch_plan(UNEVEN, world, 1, batch, workers, 1, 2, True), batch)
+    again = loader_order(epoch_assignment(UNEVEN, world, 1, batch, workers, 0, 2, True), batch)
+    same = loader_order(epoch_assignment(UNEVEN, world, 1, batch, workers, 0, 2, True), batch)
+    assert again.tolist() == same.tolist()
+    other_seed = loader_order(epoch_assignment(UNEVEN, world, 1, batch, workers, 1, 2, True), batch)
     assert other_seed.tolist() != again.tolist()
 
 
-def test_val_plan_is_exact_contiguous_and_unshuffled() -> None:
+def test_val_assignment_is_exact_contiguous_and_unshuffled() -> None:
     total = sum(UNEVEN)
     for world in (1, 2, 3, 4):
         for workers in (0, 1, 3):
-            parts = [loader_order(epoch_plan(UNEVEN, world, r, 4, workers, 0, 5, False), 4) for r in range(world)]
+            parts = [loader_order(epoch_assignment(UNEVEN, world, r, 4, workers, 0, 5, False), 4) for r in range(world)]
             assert sorted(np.concatenate(parts).tolist()) == list(range(total))  # every sample once, no padding
             assert max(map(len, parts)) - min(map(len, parts)) <= 1
             for r, part in enumerate(parts):  # a rank's samples are its contiguous range of the shard order
@@ -177,7 +178,7 @@ def test_worker_chunks_are_contiguous_and_the_round_robin_keeps_them_apart() -> 
             return index[0], get_worker_info().id  # (sample id, augmentation seed) from the sampler
 
     sampler = ShardStreamSampler(UNEVEN, rank=0, world_size=1, batch_size=4, workers=2, training=True, seed=0)
-    chunks = epoch_plan(UNEVEN, 1, 0, 4, 2, 0, 0, True)
+    chunks = epoch_assignment(UNEVEN, 1, 0, 4, 2, 0, 0, True)
     got = list(DataLoader(WhoReads(), batch_size=4, sampler=sampler, num_workers=2))
     assert len(got) == 8
     for k, (ids, workers) in enumerate(got):
@@ -298,7 +299,7 @@ def test_bad_record_stops_the_run_naming_shard_and_record(with_bad_record: tuple
 
 
 def test_plan_mode_counts_the_shard_sets_train_images(shards: Path) -> None:
-    from imgcls.plan import train_images
+    from imgcls.run.plan import train_images
 
     assert train_images(data_cfg(shards)) == (35, f"{_format(shards)} shards in {shards}")
 

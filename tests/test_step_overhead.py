@@ -17,18 +17,18 @@ from lightning.pytorch.callbacks import ProgressBar
 from timm.utils import ModelEmaV3
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import imgcls.train
+import imgcls.run.train
 from imgcls.bench import overhead
 from imgcls.callbacks.finite_loss import FiniteLoss
 from imgcls.callbacks.order import training_callbacks
 from imgcls.callbacks.report import ReportCallback
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.data.torchvision.samplers import RankSampler
-from imgcls.ema import ModelEma
 from imgcls.errors import ConfigError
-from imgcls.module import ClassificationModule
 from imgcls.seeding import sample_seed, sample_seeds
+from imgcls.training.ema import ModelEma
+from imgcls.training.module import ClassificationModule
 from tests.conftest import compose_config, tiny_overrides
 
 
@@ -87,12 +87,12 @@ def test_the_callbacks_run_no_kernel_a_step_but_their_checks(
     """FiniteLoss and the report keep references to each step's loss; the check every K steps reads them. With a
     loss scaler, each optimizer step costs FiniteLoss two ops (the scale's copy and the comparison)."""
     counter = StepKernels()
-    real_build = imgcls.train.build_trainer
-    monkeypatch.setattr(imgcls.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
+    real_build = imgcls.run.train.build_trainer
+    monkeypatch.setattr(imgcls.run.train, "build_trainer", lambda cfg, plan, callbacks, loggers: real_build(
         cfg, plan, [*callbacks, counter], loggers))  # fmt: skip
     extra = ["precision=amp", "precision.cpu_fp16=true"] if precision == "amp" else []
     # 6 batches an epoch, 2 epochs: checks after steps 10 (every K = 10) and at the epoch ends (6, 12)
-    imgcls.train.run(compose_config(tiny_overrides(image_folder, "recipe.epochs=2", *extra), run_dir=tmp_path))
+    imgcls.run.train.run(compose_config(tiny_overrides(image_folder, "recipe.epochs=2", *extra), run_dir=tmp_path))
     allowed = 2 if precision == "amp" else 0
     per_step = {step: len(ops) for step, ops in counter.ops.items() if step not in (6, 10, 12)}
     assert len(per_step) >= 8 and max(per_step.values()) <= allowed, {s: counter.ops[s] for s in per_step}
@@ -112,7 +112,7 @@ def test_train_loss_and_lr_are_logged_only_on_the_steps_lightning_writes(
 
     monkeypatch.setattr(ClassificationModule, "log", log)
     overrides = tiny_overrides(image_folder, "recipe.epochs=2", "trainer.log_every_n_steps=4", "logger=csv")
-    imgcls.train.run(compose_config(overrides, run_dir=tmp_path))
+    imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
     # 12 steps: Lightning writes at steps 4, 8, 12 (and the last step of the run, when it stops)
     assert logged["train.loss"] == logged["train.lr"] and 3 <= logged["train.loss"] <= 4, logged
     metrics = (tmp_path / "csv").rglob("metrics.csv")

@@ -17,10 +17,10 @@ import torch
 from PIL import Image
 
 from imgcls.errors import ConfigError
-from imgcls.module import ClassificationModule
-from imgcls.plan import resolve_plan
-from imgcls.sync_batchnorm import TimmSyncBatchNorm, count_sync_batchnorm
-from imgcls.trainer import build_trainer
+from imgcls.run.plan import resolve_plan
+from imgcls.run.trainer import build_trainer
+from imgcls.training.module import ClassificationModule
+from imgcls.training.sync_batchnorm import TimmSyncBatchNorm, count_sync_batchnorm
 from tests.conftest import compose_config, sample_photos, tiny_overrides
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from imgcls.config import options
-from imgcls.plan import resolve_plan
+from imgcls.config.compose import options
+from imgcls.run.plan import resolve_plan
 from tests.conftest import ROOT, compose_config
 
 TABLES = (ROOT / "docs" / "reference" / "nvidia-recipe-tables.md").read_text()

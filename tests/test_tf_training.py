@@ -14,14 +14,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
 from imgcls.errors import ConfigError
 from imgcls.models.factory import build_network
-from imgcls.optimizer import build_optimizer, parameter_groups
-from imgcls.plan import resolve_plan
-from imgcls.scheduler import build_scheduler
-from imgcls.sync_batchnorm import TimmSyncBatchNorm
-from imgcls.train import run
+from imgcls.run.plan import resolve_plan
+from imgcls.run.train import run
+from imgcls.training.optimizer import build_optimizer, parameter_groups
+from imgcls.training.scheduler import build_scheduler
+from imgcls.training.sync_batchnorm import TimmSyncBatchNorm
 from tests.conftest import compose_config, read_report, tiny_overrides
 
 
@@ -416,7 +416,7 @@ def test_tf2_recipe_trains_with_tf_rmsprop_tf_init_and_ema(image_folder: Path, t
 def test_tf2_ema_decay_ramps_as_tensorflows_dynamic_decay() -> None:
     """TF2 HvdMovingAverage(dynamic_decay=True): decay = min(0.9999, (1 + t) / (10 + t)); imgcls's EMA (timm's
     warmup, gamma 9, power 1) follows that curve two optimizer steps later. Other recipes keep a fixed decay."""
-    from imgcls.module import ClassificationModule
+    from imgcls.training.module import ClassificationModule
 
     cfg = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp", "model=resnet18"])
     recipe = OmegaConf.to_container(cfg.recipe, resolve=True)
@@ -436,7 +436,7 @@ def test_mixup_draws_one_lambda_per_sample_for_the_tf_recipes(experiment: str) -
     """TF1 (model/resnet.py:157-165) and TF2 (dataloader/dataset_factory.py:118-125) draw a Beta lambda per
     sample and mix it with the reversed batch; NVIDIA PyTorch (image_classification/mixup.py:22) one per batch
     (DeepLearningExamples 729963dd). Sample i is the constant image i: its mixed value gives its lambda."""
-    from imgcls.module import ClassificationModule
+    from imgcls.training.module import ClassificationModule
 
     cfg = compose_config([f"experiment={experiment}", "model=resnet18"])
     recipe = OmegaConf.to_container(cfg.recipe, resolve=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.train import run
+from imgcls.run.train import run
 from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 
 NVIDIA_NAMES = {
@@ -179,7 +179,7 @@ def test_demo_reaches_90_percent(tmp_path: Path) -> None:
 
 
 def test_ckpt_path_last_without_a_checkpoint_starts_fresh(tmp_path: Path) -> None:
-    from imgcls.checkpoint import resolve_ckpt_path
+    from imgcls.training.checkpoint import resolve_ckpt_path
 
     assert resolve_ckpt_path("last", tmp_path) is None  # a requeued job's first start
     (tmp_path / "checkpoints").mkdir()

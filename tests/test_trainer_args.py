@@ -11,8 +11,8 @@ import pytest
 from lightning.pytorch.strategies import DDPStrategy
 
 from imgcls.errors import ConfigError
-from imgcls.plan import resolve_plan
-from imgcls.trainer import IMGCLS_TRAINER_ARGS, build_trainer
+from imgcls.run.plan import resolve_plan
+from imgcls.run.trainer import IMGCLS_TRAINER_ARGS, build_trainer
 from tests.conftest import compose_config, tiny_overrides
 
 

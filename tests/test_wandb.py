@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from timm.models.resnet import ResNet
 
-from imgcls.train import run
+from imgcls.run.train import run
 from tests.conftest import compose_config, read_report, tiny_overrides
 
 

@@ -72,7 +72,7 @@ def test_compositions_shared_through_the_cache_folder_equal_hydras(tmp_path: Pat
 
     from omegaconf import OmegaConf, open_dict
 
-    import imgcls.config
+    import imgcls.config.compose
     from tests import conftest
 
     monkeypatch.setenv(conftest.COMPOSE_CACHE_VARIABLE, str(tmp_path))
@@ -83,7 +83,7 @@ def test_compositions_shared_through_the_cache_folder_equal_hydras(tmp_path: Pat
         conftest._composed.cache_clear()
         loaded = conftest._composed(overrides, "train")  # read back
         assert loaded is not written and OmegaConf.is_struct(loaded)
-        fresh = imgcls.config.compose_config("train", list(overrides))
+        fresh = imgcls.config.compose.compose_config("train", list(overrides))
         for cfg in (loaded, fresh):
             assert OmegaConf.to_container(cfg) == OmegaConf.to_container(fresh)
             resolved = copy.deepcopy(cfg)

@@ -15,12 +15,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import imgcls.checkpoint  # noqa: E402
+import imgcls.training.checkpoint  # noqa: E402
 from imgcls.cli import train_main  # noqa: E402
 
 marker, (when, count) = Path(sys.argv[1]), sys.argv[2].split(":")
 sys.argv = [str(Path(__file__).resolve().parents[1] / "train.py"), *sys.argv[3:]]
-real_write_atomic = imgcls.checkpoint.write_atomic
+real_write_atomic = imgcls.training.checkpoint.write_atomic
 writes = 0
 
 
@@ -47,5 +47,5 @@ def write_atomic(path: Path, write: Any, what: str = "", durable: bool = False) 
         stand_still()
 
 
-imgcls.checkpoint.write_atomic = write_atomic
+imgcls.training.checkpoint.write_atomic = write_atomic
 train_main()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra.experimental.callback import Callback  # noqa: E402
 
-import imgcls.checkpoint  # noqa: E402
+import imgcls.training.checkpoint  # noqa: E402
 from imgcls.callbacks.preemption import received_signal  # noqa: E402
 from imgcls.cli import train_main  # noqa: E402
 
@@ -33,7 +33,7 @@ WAIT_S = 300  # bounds a hang only: the test sends its signal as soon as MARKER 
 
 def wait_after_checkpoint(marker: Path, count: int) -> None:
     """From now on, this process waits right after its COUNT-th last.ckpt until a signal has been handled."""
-    real_write_atomic = imgcls.checkpoint.write_atomic
+    real_write_atomic = imgcls.training.checkpoint.write_atomic
     writes = 0
 
     def write_atomic(path: Path, write: Any, what: str = "", durable: bool = False) -> None:
@@ -48,7 +48,7 @@ def wait_after_checkpoint(marker: Path, count: int) -> None:
             while received_signal() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
 
-    imgcls.checkpoint.write_atomic = write_atomic
+    imgcls.training.checkpoint.write_atomic = write_atomic
 
 
 class WaitAfterCheckpoint(Callback):

@@ -70,7 +70,15 @@ sys.exit(code)
 # What a command imports before its work starts (imgcls.cli imports the mode's module by name).
 # imgcls.plot draws the charts at the end of every run; s3fs is what Lightning's checkpoint callback imports to ask
 # whether a path is object storage (~0.5 s a run each).
-PRELOAD = ("imgcls.cli", "imgcls.train", "imgcls.evaluate", "imgcls.export", "imgcls.classify", "imgcls.plot", "s3fs")
+PRELOAD = (
+    "imgcls.cli",
+    "imgcls.run.train",
+    "imgcls.run.evaluate",
+    "imgcls.export",
+    "imgcls.classify",
+    "imgcls.plot",
+    "s3fs",
+)
 
 
 # --- the server (runs in its own interpreter: python tests/warm_python.py SOCKET) -----------------------------

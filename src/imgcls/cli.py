@@ -20,13 +20,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from imgcls import overrides
-from imgcls.config_checks import EVALUATE, TRAIN, Check, check_config
+from imgcls.config import overrides
+from imgcls.config.checks import EVALUATE, TRAIN, Check, check_config
+from imgcls.config.hardware import resolve_auto_hardware
 from imgcls.errors import UserError
-from imgcls.hardware import resolve_auto_hardware
-from imgcls.log_setup import route_library_logs
-from imgcls.rundir import launch_overrides, task_name
-from imgcls.sweep_results import SWEEP_FAILURES  # each failed job's line and exit code (also in the results table)
+from imgcls.run.log_setup import route_library_logs
+from imgcls.run.rundir import launch_overrides, task_name
+from imgcls.run.sweep_results import SWEEP_FAILURES  # each failed job's line and exit code (also in the results table)
 
 # Nothing above imports torch, timm or Lightning: a command that ends with a one-line error (an unknown group
 # choice, a bad value, a missing ckpt=) exits in about a second instead of importing them first (~6 s of CPU).
@@ -36,7 +36,7 @@ log = logging.getLogger("imgcls")
 
 
 def check_command_line(config_name: str, table: dict[str, Check] | None = None) -> None:
-    """sys.argv's overrides checked before Hydra runs (imgcls.overrides): a mistake is one line, exit code 2."""
+    """sys.argv's overrides checked before Hydra runs (imgcls.config.overrides): a mistake is one line, exit code 2."""
     try:
         overrides.check_command_line(config_name, sys.argv[1:], table)
     except UserError as exc:
@@ -116,7 +116,7 @@ def refuse_in_process_ddp_sweep(cfg: DictConfig) -> None:
     starts each job as its own cluster job (submitit) is fine."""
     if not _in_multirun() or "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
         return
-    from imgcls.plan import world_size_of  # torch: only for a multirun
+    from imgcls.run.plan import world_size_of  # torch: only for a multirun
 
     resolve_auto_hardware(cfg)  # hardware=auto on an 8-GPU machine is 8 devices, not the 1 of its unresolved node
     try:
@@ -140,11 +140,11 @@ def _finish_wandb() -> None:
 # The modes of each command (`mode=`): NVIDIA's benchmark_training / benchmark_inference next to the real thing,
 # as "module:function" (imported when chosen), and the check table every mode of the command applies first.
 TRAIN_MODES: dict[str, str] = {
-    "train": "imgcls.train:run",
+    "train": "imgcls.run.train:run",
     "benchmark": "imgcls.bench.training:run",
-    "plan": "imgcls.plan:show",
+    "plan": "imgcls.run.plan:show",
 }
-EVALUATE_MODES: dict[str, str] = {"evaluate": "imgcls.evaluate:run", "benchmark": "imgcls.bench.inference:run"}
+EVALUATE_MODES: dict[str, str] = {"evaluate": "imgcls.run.evaluate:run", "benchmark": "imgcls.bench.inference:run"}
 
 
 def _function(target: str) -> Callable[[DictConfig], Any]:

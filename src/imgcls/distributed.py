@@ -1,6 +1,7 @@
-"""What a run needs from its launch and process group: the local rank the launcher announced, a gather of
-Python objects over ranks, a result made once and sent to every rank, and the period of the host syncs the
-callbacks share."""
+"""What a run needs from its launch and process group: whether this process is rank 0 and its local rank, as the
+launcher announced them; a gather of Python objects over ranks, a result made once and sent to every rank, and the
+period of the host syncs the callbacks share. torch is imported inside the collectives: the config commands read
+the rank without importing it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,23 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-import torch.distributed as dist
-
 # Optimizer steps between the host syncs of FiniteLoss and of Preemption under DDP. Lightning's logging
 # syncs every trainer.log_every_n_steps (50 by default), a multiple of this, so the syncs coincide.
 SYNC_EVERY_N_STEPS = 10
 
 T = TypeVar("T")
+
+
+def is_rank_zero(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is global rank 0 as the launcher announced it, before any process group exists.
+
+    The variables Lightning's cluster environments read: RANK (torchrun), SLURM_PROCID (srun), and
+    NODE_RANK/LOCAL_RANK for Lightning's own launcher (its children have LOCAL_RANK >= 1)."""
+    env = os.environ if env is None else env
+    for key in ("RANK", "SLURM_PROCID"):
+        if env.get(key, "").isdigit():
+            return int(env[key]) == 0
+    return int(env.get("NODE_RANK") or 0) == 0 and int(env.get("LOCAL_RANK") or 0) == 0
 
 
 def launcher_local_rank(env: Mapping[str, str] | None = None) -> int:
@@ -29,6 +40,8 @@ def launcher_local_rank(env: Mapping[str, str] | None = None) -> int:
 
 def gather_objects(obj: Any) -> list[Any]:
     """Every rank's `obj` (a collective under DDP; [obj] in a single process)."""
+    import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
@@ -41,6 +54,8 @@ def made_once(make: Callable[[], T]) -> T:
     in a single process). An exception rank 0 raises is sent too and raised on every rank, so that no rank waits
     for a result that never comes. For work every rank would otherwise repeat on shared storage, such as
     walking a 1.3M-file tree."""
+    import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return make()
     box: list[Any] = [None]

@@ -3,8 +3,8 @@
 1. `seed_for_init(seed)` before the model is built: identical initial weights on every rank (DDP also
    broadcasts rank 0's weights, but BN buffers, EMA copies and anything built before the process
    group exists must agree too).
-2. `RankSeed` reseeds with `seed + global_rank` once the rank is known, so that augmentation, mixup
-   and dropout differ between ranks and nodes (NVIDIA seeded by local rank, so nodes repeated each
+2. `RankSeed` (callbacks/seeding.py) reseeds with `seed + global_rank` once the rank is known, so that
+   augmentation, mixup and dropout differ between ranks and nodes (NVIDIA seeded by local rank, so nodes repeated each
    other's random streams). Data order is not affected: the samplers shuffle from (data seed, epoch).
 
 3. `sample_seed(seed, epoch, index)` seeds the augmentation of each training image (torchvision
@@ -15,9 +15,10 @@
 4. `dali_pipeline_seed(seed, rank, epoch)`: each rank's DALI pipeline seed; with `dali_list_order`, from the epoch
    the pipeline is built for (a progressive-resizing stage's first epoch; 0 otherwise), so that each stage's
    new pipeline does not repeat the first stage's order and augmentation draws.
-5. `RNGState`: the global RNG states (torch, CUDA, numpy, python) of every rank travel in the checkpoint, so a
-   resumed run draws the same augmentations and mixup lambdas as an uninterrupted one. Hand-written: Lightning
-   2.6 restores model, optimizer, schedulers, loops and stateful loaders, but not RNG states.
+5. `RNGState` (callbacks/seeding.py): the global RNG states (torch, CUDA, numpy, python) of every rank travel in
+   the checkpoint, so a resumed run draws the same augmentations and mixup lambdas as an uninterrupted one.
+   Hand-written: Lightning 2.6 restores model, optimizer, schedulers, loops and stateful loaders, but not RNG
+   states.
 
 RankSeed runs in `setup`, i.e. before Lightning restores a checkpoint: RNG state saved in a checkpoint
 (resume) is restored afterwards and wins.
@@ -25,7 +26,6 @@ RankSeed runs in `setup`, i.e. before Lightning restores a checkpoint: RNG state
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,11 +34,6 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
-
-from imgcls.distributed import gather_objects
-
-log = logging.getLogger(__name__)
 
 
 def rank_seed(seed: int, global_rank: int) -> int:
@@ -47,17 +42,6 @@ def rank_seed(seed: int, global_rank: int) -> int:
 
 def seed_for_init(seed: int) -> None:
     L.seed_everything(seed, workers=True, verbose=False)
-
-
-class RankSeed(L.Callback):
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        seed = rank_seed(self.seed, trainer.global_rank)
-        # workers=True: dataloader workers derive their seeds from this one (and their worker id).
-        L.seed_everything(seed, workers=True, verbose=False)
-        log.info("global rank %d of %d: seed %d", trainer.global_rank, trainer.world_size, seed)
 
 
 _MASK64 = (1 << 64) - 1
@@ -113,34 +97,3 @@ def dali_list_order(seed: int, size: int, epoch: int = 0) -> np.ndarray:
     """The order of the train list handed to DALI: a permutation of range(size) from the run seed alone,
     the same on every rank (DALI's per-epoch shuffle has a fixed seed: this makes the order the run seed's)."""
     return np.random.default_rng(_splitmix64((int(seed) ^ 0x44414C49) + (int(epoch) << 32))).permutation(size)
-
-
-class RNGState(L.Callback):
-    def __init__(self) -> None:
-        self._loaded: list[dict[str, Any]] | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        # Called on every rank while a checkpoint is assembled; rank 0 writes the gathered list.
-        states = _collect_rng_states(include_cuda=torch.cuda.is_available())
-        # Lightning loads checkpoints with torch.load(weights_only=True), which refuses numpy arrays.
-        name, keys, pos, has_gauss, gauss = states["numpy"]
-        states["numpy"] = (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
-        return {"ranks": gather_objects(states)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._loaded = list(state_dict.get("ranks") or [])
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Applied here, after everything the restore does, right before the first resumed batch.
-        if self._loaded:
-            if len(self._loaded) != trainer.world_size:
-                log.warning(
-                    "resuming %d ranks from %d: RNG streams differ from an uninterrupted run",
-                    trainer.world_size,
-                    len(self._loaded),
-                )
-            states = dict(self._loaded[trainer.global_rank % len(self._loaded)])
-            name, keys, pos, has_gauss, gauss = states["numpy"]
-            states["numpy"] = (name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
-            _set_rng_states(states)
-            self._loaded = None

@@ -200,7 +200,7 @@ def time_batches(
 def data_config(root: Path, args: dict[str, Any], backend: str, *extra: str) -> Any:
     from hydra import compose, initialize_config_dir
 
-    from imgcls.config import CONF_DIR
+    from imgcls.config.compose import CONF_DIR
 
     overrides = [
         "data=folder", f"data.root={root}", f"data.backend={backend}", f"model.image_size={args['image_size']}",

@@ -1,6 +1,6 @@
 """GPU acceptance: every GPU path of imgcls for a few dozen steps, one table, non-zero exit on any failure.
 
-    python -m imgcls.bench.gpu_check [--steps 40] [--data ROOT] [--plan]     (or: make gpu-check)
+    python -m imgcls.bench.gpu_check [--steps 40] [--data ROOT] [--dry-run]     (or: make gpu-check)
 
 Each check is a real `python train.py ...` run in a subprocess (a fresh CUDA context per path; DDP launches
 its own processes), in its own session (process group), with a time limit: past it (an NCCL hang) the row fails
@@ -12,7 +12,7 @@ that then validates (2 batches) with an EMA copy; the DDP rows (EMA; NVIDIA's TF
 EMA and sync BN) run on every visible GPU, as one DDP process on a 1-GPU machine. The resnet50 rows stand next
 to NVIDIA's published training throughput for this GPU (docs/reference/nvidia-training-performance.md, ResNet50
 v1.5), and the AMP benchmark must reach a pass mark of it (pass_mark). On a machine without CUDA it says so in
-one line and exits 0; --plan prints the commands it would run (what tests/test_gpu_check.py checks on CPU).
+one line and exits 0; --dry-run prints the commands it would run (what tests/test_gpu_check.py checks on CPU).
 
 Pass marks besides (each row's note says its marks and the figures):
 - every row with a host-syncs figure: at most 0.1 host syncs a step (MAX_SYNCS_PER_STEP); report.json has no
@@ -49,8 +49,8 @@ from typing import IO, Any
 
 import torch
 
-from imgcls.hardware import hardware_for
-from imgcls.published import throughput_table
+from imgcls.config.hardware import hardware_for
+from imgcls.config.published import throughput_table
 
 ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding train.py
 
@@ -61,7 +61,7 @@ SOURCES = {
     "dgx1v": "A.2 DGX-1 16GB (8x V100 16GB)",
     "dgx1v_32g": "A.2 DGX-1 32GB (8x V100 32GB)",
 }
-# Every path the acceptance covers (the issue's list); plan() must produce each (the tests assert it).
+# Every path the acceptance covers (the issue's list); checks() must produce each (the tests assert it).
 # In the order they run: the single-GPU resnet50 benchmark before the DDP rows (ddp_nccl is compared with it).
 PATHS = (
     "amp+GradScaler", "bf16", "fp32", "tf32", "channels_last", "compile", "dali_gpu", "dali_cpu",
@@ -103,7 +103,7 @@ def loader_workers() -> int:
     return max(1, min(cores - 2, 32))
 
 
-def plan(
+def checks(
     hardware: str, gpus: int, data_root: str, steps: int, run_root: str, workers: int | None = None
 ) -> list[Check]:
     """The checks for `gpus` visible GPUs of `hardware`, each a train.py (or bench.overhead) command line;
@@ -188,9 +188,9 @@ def plan(
 
 
 def tf32_changes_results() -> float:
-    """Max |conv(TF32) - conv(FP32)| on the GPU through imgcls.precision.set_tf32: 0 would mean the
+    """Max |conv(TF32) - conv(FP32)| on the GPU through imgcls.training.precision.set_tf32: 0 would mean the
     precision=tf32 switch does nothing on this GPU (pre-Ampere GPUs have no TF32: then it is 0 by design)."""
-    from imgcls.precision import set_tf32
+    from imgcls.training.precision import set_tf32
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(32, 256, 28, 28, device="cuda", generator=gen)
@@ -495,23 +495,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=default_data_root(), help="ROOT with train/ and val/ class folders")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one check may take before it fails")
     parser.add_argument("--only", default=None, help="comma-separated paths to run, e.g. amp+GradScaler,compile")
-    parser.add_argument("--plan", action="store_true", help="print the train.py commands, run nothing")
-    parser.add_argument("--gpus", type=int, default=None, help="with --plan: plan for this many GPUs")
-    parser.add_argument("--hardware", default=None, help="with --plan: the hardware profile to plan for")
+    parser.add_argument("--dry-run", action="store_true", help="print the train.py commands, run nothing")
+    parser.add_argument("--gpus", type=int, default=None, help="with --dry-run: the commands for this many GPUs")
+    parser.add_argument("--hardware", default=None, help="with --dry-run: the hardware profile of the commands")
     args = parser.parse_args(argv)
-    if args.plan:
+    if args.dry_run:
         run_root = "/tmp/imgcls-gpu-check"  # only printed
         gpus = args.gpus or max(torch.cuda.device_count(), 1)
         hardware = args.hardware or "dgxa100"
         if args.hardware is None and torch.cuda.is_available():
             properties = torch.cuda.get_device_properties(0)
             hardware = hardware_for(properties.name, properties.total_memory / 2**30)
-        for check in plan(hardware, gpus, args.data, args.steps, run_root):
+        for check in checks(hardware, gpus, args.data, args.steps, run_root):
             print(f"{check.path}: {check.command()}")
         return 0
     if not torch.cuda.is_available():
         print(
-            "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --plan "
+            "gpu_check: no CUDA GPU on this machine; nothing to check (python -m imgcls.bench.gpu_check --dry-run "
             "lists the checks)"
         )
         return 0
@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_root = tempfile.mkdtemp(prefix="imgcls-gpu-check-")  # after the checks above: no empty folder left behind
     rows: list[dict[str, Any]] = []
-    for check in plan(hardware, gpus, args.data, args.steps, run_root):
+    for check in checks(hardware, gpus, args.data, args.steps, run_root):
         if args.only and check.path not in args.only.split(","):
             continue
         rows.append(execute(check, hardware, gpus, args.timeout, properties.name, {r["path"]: r for r in rows}))

@@ -25,14 +25,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from imgcls.config import model_config, precision_config, required_ckpt
-from imgcls.config_checks import EVALUATE, check_config
+from imgcls.config.checks import EVALUATE, check_config
+from imgcls.config.compose import model_config, precision_config, required_ckpt
 from imgcls.errors import ConfigError
+from imgcls.inference.onnx_model import OnnxModel, is_onnx_path, load_onnx
+from imgcls.inference.trained import load_trained
 from imgcls.models.factory import build_network
-from imgcls.models.onnx_model import OnnxModel, is_onnx_path, load_onnx
-from imgcls.models.trained import load_trained
-from imgcls.precision import set_tf32
 from imgcls.storage import write_json_atomic
+from imgcls.training.precision import set_tf32
 
 COLUMNS = ("batch_size", "throughput_ips", "latency_avg_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms")
 HEADERS = (

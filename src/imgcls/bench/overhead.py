@@ -40,7 +40,7 @@ DEFAULTS = (
 
 
 def compose(overrides: list[str], steps: int, warmup: int, run_dir: str) -> DictConfig:
-    from imgcls.config import compose_config
+    from imgcls.config.compose import compose_config
 
     cfg = compose_config("train", [*DEFAULTS, f"benchmark.iterations={steps}", f"benchmark.warmup={warmup}",
                                    *overrides])  # fmt: skip
@@ -63,7 +63,7 @@ def imgcls_loop(cfg: DictConfig) -> dict[str, float]:
 
 
 def _batch_size(cfg: DictConfig) -> int:
-    from imgcls.plan import resolve_plan
+    from imgcls.run.plan import resolve_plan
 
     return resolve_plan(cfg).per_device_batch
 
@@ -84,17 +84,18 @@ class _Parts:
 def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     from imgcls.data.datamodule import ClassificationDataModule
     from imgcls.data.protocol import LoaderSpec
-    from imgcls.module import ClassificationModule
-    from imgcls.optimizer import build_optimizer, parameter_groups
-    from imgcls.plan import resolve_plan
-    from imgcls.precision import set_tf32
-    from imgcls.scheduler import build_scheduler
+    from imgcls.run.plan import resolve_plan
+    from imgcls.training.module import ClassificationModule
+    from imgcls.training.optimizer import build_optimizer, parameter_groups
+    from imgcls.training.precision import set_tf32
+    from imgcls.training.scheduler import build_scheduler
     from imgcls.typed_config import to_dict
 
     plan = resolve_plan(cfg)
     resolved = to_dict(cfg, resolve=True)
     device = torch.device("cuda" if str(cfg.trainer.accelerator) in ("gpu", "cuda") else "cpu")
-    # The backend settings imgcls's Trainer makes (imgcls.trainer, imgcls.precision), whichever loop runs first.
+    # The backend settings imgcls's Trainer makes (imgcls.run.trainer, imgcls.training.precision), whichever loop
+    # runs first.
     torch.backends.cudnn.benchmark = not bool(cfg.deterministic)
     set_tf32(bool(cfg.precision.get("tf32")))
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
@@ -107,7 +108,7 @@ def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     scheduler = build_scheduler(optimizer, total_steps=total_steps, warmup_steps=0, end_lr=0.0)
     half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(str(cfg.precision.name))
     if half is torch.float16 and device.type == "cpu" and not cfg.precision.get("cpu_fp16"):
-        half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.precision)
+        half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.training.precision)
     return _Parts(device, net, images, labels, optimizer, scheduler, half)
 
 
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="imgcls-overhead-") as run_dir:
         cfg = compose(args.overrides, args.steps, args.warmup, run_dir)
-        from imgcls.hardware import resolve_auto_hardware
+        from imgcls.config.hardware import resolve_auto_hardware
 
         resolve_auto_hardware(cfg)
         results: dict[str, list[dict[str, float]]] = {

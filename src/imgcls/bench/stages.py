@@ -110,9 +110,9 @@ def run(argv: list[str]) -> None:
     probe = Probe()
     import lightning as L  # noqa: N812
 
-    import imgcls.train
+    import imgcls.run.train
     from imgcls.data.torchvision.backend import TorchvisionBackend
-    from imgcls.module import ClassificationModule
+    from imgcls.training.module import ClassificationModule
 
     if args.backend.startswith("dali"):
         import nvidia.dali.plugin.pytorch  # noqa: F401 - what the backend imports
@@ -150,13 +150,13 @@ def run(argv: list[str]) -> None:
             if steps["n"] == 1:
                 probe.mark("first step done")
 
-    real_callbacks = imgcls.train.training_callbacks
+    real_callbacks = imgcls.run.train.training_callbacks
 
     def training_callbacks(*a: Any, **k: Any) -> Any:
         callbacks, report = real_callbacks(*a, **k)
         return [*callbacks, Marks()], report
 
-    imgcls.train.training_callbacks = training_callbacks
+    imgcls.run.train.training_callbacks = training_callbacks
     sys.argv = [str(startup.REPO / "train.py"), *overrides]
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")

@@ -272,7 +272,9 @@ def run(args: argparse.Namespace) -> list[tuple[str, str, dict[str, float]]]:
     total = args.classes * (args.train + args.val)
     print(f"{tree}: {args.classes} classes, {total} files ({time.perf_counter() - began:.0f} s to build or check)")
     if not args.no_disk_warmup:  # untimed: the first process to import torch, Lightning and DALI reads them from disk
-        subprocess.run([sys.executable, "-c", "import imgcls.train, imgcls.data.backends, nvidia.dali"], check=False)
+        subprocess.run(
+            [sys.executable, "-c", "import imgcls.run.train, imgcls.data.backends, nvidia.dali"], check=False
+        )
     rows = []
     for backend in args.backends.split(","):
         run_dir = args.dir / "runs" / backend

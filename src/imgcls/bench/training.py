@@ -23,15 +23,15 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from imgcls.callbacks.order import training_callbacks
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
+from imgcls.config.hardware import resolve_auto_hardware
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
-from imgcls.hardware import resolve_auto_hardware
-from imgcls.module import ClassificationModule
-from imgcls.plan import resolve_plan
+from imgcls.run.plan import resolve_plan
+from imgcls.run.trainer import build_trainer
 from imgcls.storage import write_json_atomic
-from imgcls.timing import StepTimer
-from imgcls.trainer import build_trainer
+from imgcls.training.module import ClassificationModule
+from imgcls.training.timing import StepTimer
 from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)

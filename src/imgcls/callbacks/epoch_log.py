@@ -1,6 +1,6 @@
 """What a training run tells its user in the text log, whatever the progress bar (SLURM logs have no TTY):
 one line per epoch, and at the end the best val top-1, the run dir, how to evaluate or resume the run, and
-the charts of imgcls.plot in RUN_DIR/plots. Rank 0 only; the numbers are the report's rows (report.py)."""
+the charts of callbacks/charts.py in RUN_DIR/plots. Rank 0 only; the numbers are the report's rows (report.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from imgcls.callbacks.charts import plot_runs
 from imgcls.callbacks.report import ReportCallback
-from imgcls.checkpoint import best_path, last_path
-from imgcls.plot import plot_runs
+from imgcls.training.checkpoint import best_path, last_path
 
 log = logging.getLogger("imgcls")
 
@@ -49,7 +49,7 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
 
 def run_command(run_dir: Path) -> str | None:
     """`python train.py` with this invocation's overrides (a sweep job's own: it reruns that job alone); None
-    without a record of them (imgcls.train.run called from Python)."""
+    without a record of them (imgcls.run.train.run called from Python)."""
     if not HydraConfig.initialized() and not (run_dir / ".hydra" / "overrides.yaml").is_file():
         return None
     return shlex.join(["python", "train.py", *run_overrides(run_dir)])

@@ -15,16 +15,17 @@ from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import DictConfig
 
 from imgcls.callbacks.bad_image_report import BadImageReport
+from imgcls.callbacks.checkpoint import checkpoint_callbacks
 from imgcls.callbacks.console import MeasuredModelSummary, progress_bar
 from imgcls.callbacks.epoch_log import EpochLog, run_command
 from imgcls.callbacks.finite_loss import FiniteLoss
 from imgcls.callbacks.preemption import Preemption, requeue_by
 from imgcls.callbacks.report import ReportCallback
+from imgcls.callbacks.seeding import RankSeed, RNGState
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
-from imgcls.checkpoint import checkpoint_callbacks, last_path
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import ConfigError
-from imgcls.seeding import RankSeed, RNGState
+from imgcls.training.checkpoint import last_path
 
 
 def training_callbacks(

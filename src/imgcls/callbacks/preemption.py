@@ -4,7 +4,7 @@ signal) also requeue the job, and under submitit's local executor (hydra/launche
 task with the exit code that makes submitit's controller start it again (requeue_by).
 
 The handlers only set a flag, and they are imgcls's for the whole run (`preemption_signals()`, around
-imgcls.train.run: setup, the DALI build, teardown too), not only inside fit's training loop. Lightning's own
+imgcls.run.train.run: setup, the DALI build, teardown too), not only inside fit's training loop. Lightning's own
 handling is switched off (`without_lightning_signal_handling`): its SIGTERM handler calls dist.broadcast inside
 the signal handler, its training loop broadcasts a SIGTERM flag from rank 0 and reads it with .item() at every
 training batch under DDP (a host sync per micro-batch), it stops only at the end of the epoch on a single
@@ -31,8 +31,7 @@ import lightning as L
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from imgcls.distributed import SYNC_EVERY_N_STEPS, gather_objects
-from imgcls.rundir import is_rank_zero
+from imgcls.distributed import SYNC_EVERY_N_STEPS, gather_objects, is_rank_zero
 
 log = logging.getLogger(__name__)
 

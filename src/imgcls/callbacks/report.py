@@ -23,7 +23,7 @@ import lightning as L
 import torch
 
 from imgcls.storage import write_atomic, write_json_atomic
-from imgcls.timing import StepTimer
+from imgcls.training.timing import StepTimer
 
 # How each metric is summarized over the run (NVIDIA's meters, with MinMeter really a min).
 RUN_SUMMARY = {"loss": min, "top1": max, "top5": max, "amp_skipped_steps": max}  # the last is a running total

@@ -2,7 +2,7 @@
 image.
 
 ckpt is a training checkpoint, a weights export, an ONNX export fp32 or INT8 (`backend=onnx`, or any `.onnx`
-file: models/onnx_model.py), or a plain state_dict (timm's, torchvision's, NVIDIA's NGC files) given
+file: inference/onnx_model.py), or a plain state_dict (timm's, torchvision's, NVIDIA's NGC files) given
 `model=NAME`. Images go through the val preprocessing the model was trained with (resize to size/crop_pct,
 e.g. 256, center crop to the model's size, normalize); a plain state_dict gets the one imgcls trains
 `model=NAME` with. Folders are read recursively and classified in batches. A file that cannot be decoded is
@@ -24,12 +24,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from imgcls.config import compose_train, model_config, required_ckpt
+from imgcls.config.compose import compose_train, model_config, required_ckpt
 from imgcls.data.imagenet_classes import display_names
 from imgcls.data.transforms import val_transform
 from imgcls.errors import ConfigError, DataError
-from imgcls.models.onnx_model import load_onnx
-from imgcls.models.trained import PREPROCESSING_KEYS, load_trained
+from imgcls.inference.onnx_model import load_onnx
+from imgcls.inference.trained import PREPROCESSING_KEYS, load_trained
 
 
 class Predictor:

@@ -85,7 +85,7 @@ class BadImageLog:
     """Main-process record of bad files: one warning per file, the policy, and the list for report.json."""
 
     def __init__(self, policy: str) -> None:
-        self.policy = policy  # data.on_bad_image, checked by config_checks
+        self.policy = policy  # data.on_bad_image, checked by config.checks
         self.files: dict[str, str] = {}
 
     def record(self, bad: list[BadSample]) -> None:

@@ -71,7 +71,7 @@ class ProgressiveSchedule:
 
 
 def schedule_from_config(cfg: Any) -> ProgressiveSchedule | None:
-    """The data config's `progressive` block as a schedule; None when off. config_checks has checked its values."""
+    """The data config's `progressive` block as a schedule; None when off. config.checks has checked its values."""
     prog = cfg.get("progressive")
     if not prog or not prog.get("enabled"):
         return None

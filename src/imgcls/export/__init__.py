@@ -6,7 +6,7 @@
 - onnx: torch.onnx.export with a dynamic batch axis; the metadata rides in the model's metadata_props
   (key "imgcls"), so `imgcls.classify backend=onnx` needs nothing else.
 - torchscript: torch.jit.trace, metadata in the archive's extra file "imgcls.json".
-- int8: INT8 post-training quantization of the onnx export (imgcls.quantization.ptq): a Q/DQ ONNX model
+- int8: INT8 post-training quantization of the onnx export (imgcls.export.int8): a Q/DQ ONNX model
   calibrated on `calibration.images` training images of the checkpoint's data.root (or `data.root=DIR`),
   with the onnx export's metadata plus how it was quantized; runs on ONNX Runtime (classify, evaluate.py).
 - triton: a Triton Inference Server model repository around the onnx export (imgcls.export.triton:
@@ -25,12 +25,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.config import compose_train, model_config, required_ckpt
+from imgcls.config.compose import compose_train, model_config, required_ckpt
 from imgcls.errors import ConfigError, DataError
-from imgcls.export import triton
-from imgcls.models.onnx_model import METADATA_KEY  # the one reader's key, so writer and reader agree
-from imgcls.models.trained import TrainedModel, load_trained, preprocessing_of
-from imgcls.quantization import ptq
+from imgcls.export import int8, triton
+from imgcls.inference.onnx_model import METADATA_KEY  # the one reader's key, so writer and reader agree
+from imgcls.inference.trained import TrainedModel, load_trained, preprocessing_of
 from imgcls.quantization.qat import STATE_KEY as QUANTIZERS_KEY
 from imgcls.quantization.qat import without_quantizers
 from imgcls.storage import write_atomic
@@ -52,7 +51,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt} is not allowed; use {', '.join(FORMATS)}")
     triton_opts = triton.options(cfg) if fmt == "triton" else None  # before the (slow) checkpoint load
-    int8_opts = ptq.options(cfg) if fmt == "int8" else None
+    int8_opts = int8.options(cfg) if fmt == "int8" else None
     model_cfg = model_config(cfg)
     preprocessing = preprocessing_of(compose_train([f"model={cfg.model.name}"]).data) if model_cfg else None
     trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg, preprocessing=preprocessing)
@@ -80,7 +79,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "onnx": lambda t, path: export_onnx(t, path, opset),
         "torchscript": export_torchscript,
         "int8": lambda t, path: quantization.update(
-            ptq.write_int8(t, path, calibration_data(cfg, t, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
+            int8.write_int8(t, path, calibration_data(cfg, t, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
         ),
     }
     # The user's file at output= stays whole until the new one is complete (storage.write_atomic).
@@ -124,7 +123,7 @@ def calibration_data(cfg: DictConfig, trained: TrainedModel, ckpt: str) -> DictC
 
 def export_weights(trained: TrainedModel, path: Path) -> None:
     blob = {**trained.metadata(), "state_dict": trained.net.state_dict()}
-    if trained.quantizers is not None:  # a QAT network: its quantizers' layout, for models/trained.py to rebuild
+    if trained.quantizers is not None:  # a QAT network: its quantizers' layout, for inference/trained.py to rebuild
         blob[QUANTIZERS_KEY] = trained.quantizers
     torch.save(blob, path)
 

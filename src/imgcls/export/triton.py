@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError, StorageError
-from imgcls.models.trained import TrainedModel
+from imgcls.inference.trained import TrainedModel
 from imgcls.storage import readable_mode
 
 INPUT, OUTPUT = "images", "logits"  # the names export_onnx gives the graph's input and output

@@ -13,7 +13,7 @@ from timm.layers.weight_init import trunc_normal_tf_, variance_scaling_
 from timm.models._efficientnet_blocks import SqueezeExcite
 from torch import nn
 
-from imgcls.choices import CONV_INIT_ALIASES, TF_INITS
+from imgcls.config.choices import CONV_INIT_ALIASES, TF_INITS
 from imgcls.errors import ConfigError
 from imgcls.models.squeeze_excitation import SE_RESNET_PREFIXES, se_kwargs
 from imgcls.models.stochastic_depth import use_drop_path_mask

@@ -14,7 +14,7 @@ quant_main.py), by their maximum or, as NVIDIA's PyTorch code, a histogram's 99.
 collective. `recipe.qat.quantizers=nvidia` adds the quantizers of NVIDIA's efficientnet-quant networks
 (quantization/placement.py).
 
-A QAT checkpoint carries the quantizers' layout (`quantizer_state`) next to its weights; models/trained.py
+A QAT checkpoint carries the quantizers' layout (`quantizer_state`) next to its weights; inference/trained.py
 rebuilds it before loading the weights, so evaluate.py, classify and export read QAT checkpoints like any other.
 """
 

@@ -152,12 +152,13 @@ class DaliBackend:
         """(first epoch, this rank's position to build at or None) of a loader of SPEC.
 
         A resumed train loader is built at its rank's saved position, with the list order and seed of the loader
-        that saved it (the DALI checkpoint points into that order), whatever `first_epoch` says; a position at the
+        that saved it (the reader position points into that order), whatever `first_epoch` says; a position at the
         end of an epoch the trainer left early (DaliLoader.position's `early`) starts the next epoch fresh, as the
         loader that saved it would have. A position saved by another number of ranks, by a loader of another
         signature (another progressive-resizing size, another per-device batch), or none at all
         (data.dali_checkpointing=false) gives a fresh loader, seeded from the epoch the run resumes in: the saved
-        epoch, or the next one where every saved position had ended its epoch (a checkpoint at an epoch's end)."""
+        epoch, or the next one where every saved position had ended its epoch (a Lightning checkpoint at an epoch's
+        end)."""
         first_epoch = spec.first_epoch
         state = spec.resume if spec.split == "train" else None
         if not state:
@@ -177,7 +178,7 @@ class DaliBackend:
         elif positions:
             position = positions[spec.rank]
         usable = (
-            self.settings.checkpoints(spec.split)
+            self.settings.saves_reader_position(spec.split)
             and position
             and list(position.get("signature", ())) == list(signature)
             and position.get("first_epoch") is not None
@@ -202,7 +203,7 @@ class DaliBackend:
     ) -> DaliLoader:
         settings = self.settings
         training = spec.split == "train"
-        checkpointing = settings.checkpoints(spec.split)
+        reader_positions = settings.saves_reader_position(spec.split)
         common = {
             "settings": settings,
             "shard_id": part[0],  # the reader's part of the samples, DALI's shard (loader)
@@ -228,8 +229,8 @@ class DaliBackend:
                 threads=settings.resize_threads,
                 ring=BatchRing(ring_slots(settings.host_prefetch)),  # as many as the loader's queue keeps alive
             )
-        # Reader checkpointing (DALI's reader place and random states, for a resume at the exact batch:
-        # loader.DaliLoader.position): 0.2 ms a batch, and a second copy of the names in the reader.
+        # Reader positions (DALI's checkpointing: the reader's place and random states, for a resume at the exact
+        # batch: loader.DaliLoader.position): 0.2 ms a batch, and a second copy of the names in the reader.
         if training:
             randaugment = settings.randaugment
             if spec.augment_magnitude is not None:
@@ -242,15 +243,15 @@ class DaliBackend:
                 # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts
                 # the pipeline's source with DALI's autograph (~1 s a build), so only when an augment policy runs.
                 enable_conditionals=settings.augment is not None,
-                enable_checkpointing=checkpointing,
+                enable_checkpointing=reader_positions,
             )
         else:
             make = functools.partial(val_pipeline, **common, resize=val_resize_size(self.cfg, size))
 
-        def pipeline(epoch: int, checkpoint: str | None = None) -> Any:
+        def pipeline(epoch: int, reader_position: str | None = None) -> Any:
             """The pipeline with EPOCH's list order and seed (seeding.dali_list_order, dali_pipeline_seed)."""
             seeded = functools.partial(make, seed=dali_pipeline_seed(spec.seed, spec.rank, epoch))
-            return _built(seeded, functools.partial(opened, epoch), checkpoint)
+            return _built(seeded, functools.partial(opened, epoch), reader_position)
 
         pipe = pipeline(first_epoch, position["start"] if position else None)
         outputs = ["data", "index", "bad"] + (["mirror"] if host_resize else [])
@@ -271,12 +272,12 @@ class DaliBackend:
 
 
 def _built(
-    make: Callable[..., Any], opened: Callable[[], AbstractContextManager], checkpoint: str | None = None
+    make: Callable[..., Any], opened: Callable[[], AbstractContextManager], reader_position: str | None = None
 ) -> Any:
     """The pipeline of `make` over the source `opened` gives, built (a folder's list file is read now and goes
-    right after); `checkpoint`: restored from that DALI checkpoint (a resumed loader's position)."""
+    right after); `reader_position`: restored at that reader position (DALI's checkpoint; a resumed loader's)."""
     with opened() as source:
-        pipe = make(source=source, checkpoint=checkpoint)
+        pipe = make(source=source, checkpoint=reader_position)
         try:
             pipe.build()
         except RuntimeError as exc:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from imgcls.choices import HOST_RESIZE_MODES
+from imgcls.config.choices import HOST_RESIZE_MODES
 from imgcls.data.dali.batch_ring import BatchRing
 
 TORCH_MODES = {mode: mode for mode in HOST_RESIZE_MODES}  # data.interpolation -> F.interpolate's mode
@@ -40,7 +40,7 @@ def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: s
     """Whether the train resize runs in torch (True) or in the DALI pipeline (False)."""
     if choice == "dali" or gpu:
         return False
-    if choice == "torch":  # config_checks refuses an augment or an interpolation that torch resize cannot run
+    if choice == "torch":  # config.checks refuses an augment or an interpolation that torch resize cannot run
         return True
     return not augment and interpolation in TORCH_MODES and size >= AUTO_MIN_SIZE
 

@@ -103,8 +103,8 @@ class _Batch:
     read: torch.Tensor  # the keys of every sample the reader read, bad files included (data.trace_dir)
     bad: torch.Tensor  # the keys of the flagged samples (data.on_bad_image)
     result: tuple[torch.Tensor, ...] | None  # what the loader yields; None: nothing (all bad, or empty)
-    # Where it came from, for a resume at this batch (DaliLoader.position): the DALI checkpoint from which the
-    # pipeline makes this batch again (None: the pipeline does not checkpoint), the loader's epoch, the DALI
+    # Where it came from, for a resume at this batch (DaliLoader.position): the reader position from which the
+    # pipeline makes this batch again (None: the pipeline saves no reader position), the loader's epoch, the DALI
     # batches taken before it in that epoch, and the repeats owed to it for unusable batches before it.
     start: str | None = None
     epoch: int = 0
@@ -162,12 +162,12 @@ class DaliLoader:
         rebuild: Callable[[int], Any] | None = None,
     ) -> None:
         """`spec`: the split, batch, rank and world size this loader serves, and the trainer's limit_batches
-        (position's end of an epoch). `settings`: channels_last, host_prefetch, checkpointing (the train pipeline
-        checkpoints its reader, DALI's enable_checkpointing, so position() can say where the trainer is) and
+        (position's end of an epoch). `settings`: channels_last, host_prefetch, reader_positions (the train pipeline
+        saves its reader's position, DALI's enable_checkpointing, so position() can say where the trainer is) and
         trace_dir. `signature`: what the pipeline's graph depends on, kept in each position (the backend builds
         a loader at a saved position only for the same signature). `first_epoch`: the epoch `pipe`'s list order
         and seed derive from (DaliBackend.loader), kept in each position too: a loader built at the position must
-        read the same order. `restored`: the position `pipe` was built at from its DALI checkpoint
+        read the same order. `restored`: the position `pipe` was built at from its reader position
         (DaliBackend._start). `rebuild(epoch)`: a new pipeline like `pipe`, built fresh for that epoch (its list
         order and seed), for the epoch after one the consumer left early (_finish_epoch)."""
         batch_size, rank, world_size = spec.batch_size, spec.rank, spec.world_size
@@ -209,7 +209,7 @@ class DaliLoader:
         self._end = weakref.finalize(self, _release, self._pipes, self._worker)
         self._end.atexit = False  # type: ignore[misc]  # typeshed's finalize omits this documented attribute
         self._stop: threading.Event | None = None  # set to stop the running epoch's producer
-        self.checkpointing = settings.checkpoints(spec.split)
+        self.reader_positions = settings.saves_reader_position(spec.split)
         self.signature = list(signature)
         self.first_epoch = int(first_epoch)
         self._position: dict[str, Any] = {}  # where the consumer is (position())
@@ -273,15 +273,15 @@ class DaliLoader:
     def __len__(self) -> int:
         return self.length
 
-    # Mid-epoch resume with DALI's reader checkpointing. Before taking each batch from DALI, the loader takes
-    # the iterator's checkpoint (a few hundred bytes: the reader's place and every random generator's state;
-    # ~0.2 ms), so the position of the batch the consumer trained on last is exact even though the producer
-    # runs ahead of it. A resumed loader's pipeline is built from that checkpoint (DaliBackend.loader), makes that
-    # batch again and skips the yields of it already trained on. Hand-written: DALI's iterator checkpoints what it
-    # has taken, which with a prefetching producer is ahead of what the consumer has used.
+    # Mid-epoch resume with DALI's reader positions (its checkpointing). Before taking each batch from DALI, the
+    # loader takes the iterator's reader position (a few hundred bytes: the reader's place and every random
+    # generator's state; ~0.2 ms), so the position of the batch the consumer trained on last is exact even though
+    # the producer runs ahead of it. A resumed loader's pipeline is built from that position (DaliBackend.loader),
+    # makes that batch again and skips the yields of it already trained on. Hand-written: DALI's iterator saves the
+    # position of what it has taken, which with a prefetching producer is ahead of what the consumer has used.
     def position(self, steps_per_epoch: int | None = None) -> dict[str, Any]:
         """This rank's place in its epochs, to build a loader at (`restored`): {} before the first batch or when
-        the pipeline does not checkpoint. `steps_per_epoch`: the steps the trainer takes from an epoch
+        the pipeline saves no reader position. `steps_per_epoch`: the steps the trainer takes from an epoch
         (trainer.limit_train_batches can make them fewer than len()); a position at the last of them, or at the
         end of the epoch, is the epoch's end, and a loader built at it goes on with the next epoch."""
         if not self._position:
@@ -302,15 +302,15 @@ class DaliLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing: a DALI loader takes its state when it is built (LoaderSpec.resume: the pipeline starts from
-        its reader checkpoint; building one and then rebuilding it at the position cost seconds per start).
+        its reader position; building one and then rebuilding it at the position cost seconds per start).
         Lightning's own call after a resume brings the same state, or one that a later stage's loader does not
         use."""
 
-    def _taken(self, checkpointing: bool = True) -> Iterator[tuple[str | None, int, Any]]:
-        """The rest of the reader's epoch: (checkpoint before the batch, DALI batches taken before it, batch)."""
-        checkpointing = checkpointing and self.checkpointing
+    def _taken(self, with_position: bool = True) -> Iterator[tuple[str | None, int, Any]]:
+        """The rest of the reader's epoch: (reader position before the batch, DALI batches taken before it, batch)."""
+        with_position = with_position and self.reader_positions
         while True:
-            start = self._iterator.checkpoints()[0] if checkpointing else None
+            start = self._iterator.checkpoints()[0] if with_position else None
             try:
                 batch = next(self._iterator)
             except StopIteration:
@@ -348,7 +348,7 @@ class DaliLoader:
             self._next_pipeline()
             return
         if self._consumed or restored is not None:
-            for _ in self._taken(checkpointing=False):
+            for _ in self._taken(with_position=False):
                 pass
             self._iterator.reset()
             self._consumed = 0

@@ -38,7 +38,7 @@ class DaliSettings:
     train_resize: str  # data.dali_train_resize: auto|torch|dali (host_resize.resize_on_host)
     resize_threads: int  # the torch resize's threads (0 or 1: one)
     host_prefetch: int  # batches the torch resize makes ahead in its thread (0: no thread)
-    checkpointing: bool  # the train reader checkpoints (a resume at the exact batch)
+    reader_positions: bool  # the train reader saves its position, DALI's checkpoint (a resume at the exact batch)
     trace_dir: str | None  # data.trace_dir: the samples each rank read, per epoch
     with_crop_shape: bool = False
 
@@ -70,13 +70,14 @@ class DaliSettings:
             train_resize=str(cfg.get("dali_train_resize") or "auto"),
             resize_threads=int(cfg.get("dali_resize_threads") or 1),  # 0 or 1: one thread
             host_prefetch=int(cfg.get("dali_host_prefetch", 1)),
-            checkpointing=bool(cfg.get("dali_checkpointing", True)),
+            reader_positions=bool(cfg.get("dali_checkpointing", True)),
             trace_dir=str(cfg.trace_dir) if cfg.get("trace_dir") else None,
         )
 
-    def checkpoints(self, split: str) -> bool:
-        """Whether SPLIT's reader checkpoints: train's, unless data.dali_checkpointing=false (val never resumes)."""
-        return split == "train" and self.checkpointing
+    def saves_reader_position(self, split: str) -> bool:
+        """Whether SPLIT's reader saves its position: train's, unless data.dali_checkpointing=false (val never
+        resumes)."""
+        return split == "train" and self.reader_positions
 
     @property
     def layout(self) -> str:

@@ -1,5 +1,5 @@
-"""The torchvision path over shard files: the sampler that walks the epoch plan (epoch_plan.py) and the dataset that
-reads it.
+"""The torchvision path over shard files: the sampler that walks the epoch assignment (epoch_assignment.py) and the
+dataset that reads it.
 
 docs/shards.md "Distributed semantics" is the contract; in short:
 - train, epoch e: shards in an order drawn from (seed, e), the records of each shard in an order drawn from
@@ -38,7 +38,7 @@ from torch.utils.data import Dataset
 from imgcls.data.bad_images import BadImage, BadImageLog, BadSample
 from imgcls.data.images import load_rgb
 from imgcls.data.shards import remote
-from imgcls.data.shards.epoch_plan import epoch_plan, loader_order
+from imgcls.data.shards.epoch_assignment import epoch_assignment, loader_order
 from imgcls.data.shards.formats import read_records
 from imgcls.data.shards.manifest import ShardSet
 from imgcls.data.torchvision.samplers import RankSampler
@@ -47,8 +47,8 @@ from imgcls.seeding import seeded
 
 
 class ShardStreamSampler(RankSampler):
-    """RankSampler over the epoch plan: the same epoch, resume and per-sample-seed machinery, with the
-    indices (sample ids) in the plan's order instead of a global permutation."""
+    """RankSampler over the epoch assignment: the same epoch, resume and per-sample-seed machinery, with the
+    indices (sample ids) in the assignment's order instead of a global permutation."""
 
     def __init__(
         self,
@@ -71,11 +71,11 @@ class ShardStreamSampler(RankSampler):
 
     def _indices(self) -> list[int]:
         if self._cached is None or self._cached[0] != self.epoch:  # len() and iter() ask for the same epoch
-            plan = epoch_plan(
+            assignment = epoch_assignment(
                 self.counts, self.world_size, self.rank, self.batch_size, self.workers, self.seed, self.epoch,
                 self.shuffle,
             )  # fmt: skip
-            self._cached = (self.epoch, loader_order(plan, self.batch_size).tolist())
+            self._cached = (self.epoch, loader_order(assignment, self.batch_size).tolist())
         return self._cached[1]
 
 
@@ -105,7 +105,7 @@ class ShardRecords(Dataset):
     """Map-style dataset over a split's shard files: index = sample id (or (id, augmentation seed)).
 
     A worker reads a shard whole (one sequential read of the local file or its cached copy) when it first
-    needs one of its records, and keeps the last shard read: the plan gives each worker its shards in turn."""
+    needs one of its records, and keeps the last shard read: the assignment gives each worker its shards in turn."""
 
     def __init__(
         self,

@@ -28,18 +28,6 @@ NO_HYDRA_FILES = (
 INTERACTIVE_JOBS = ("bash", "interactive")
 
 
-def is_rank_zero(env: Mapping[str, str] | None = None) -> bool:
-    """Whether this process is global rank 0 as the launcher announced it, before any process group exists.
-
-    The variables Lightning's cluster environments read: RANK (torchrun), SLURM_PROCID (srun), and
-    NODE_RANK/LOCAL_RANK for Lightning's own launcher (its children have LOCAL_RANK >= 1)."""
-    env = os.environ if env is None else env
-    for key in ("RANK", "SLURM_PROCID"):
-        if env.get(key, "").isdigit():
-            return int(env[key]) == 0
-    return int(env.get("NODE_RANK") or 0) == 0 and int(env.get("LOCAL_RANK") or 0) == 0
-
-
 def launch_id(env: Mapping[str, str] | None = None) -> str | None:
     """The id shared by every process of an external multi-process launch, or None if not launched so.
 

@@ -134,7 +134,7 @@ FRAMEWORKS = {"pytorch": "NVIDIA PyTorch", "tf1": "NVIDIA TensorFlow 1", "tf2": 
 
 def markdown(framework: str) -> str:
     """The experiments of one framework as a Markdown table (docs/recipes.md holds this text; a test keeps them
-    equal): what `python -m imgcls.published` prints."""
+    equal): what `python -m imgcls.config.published` prints."""
     lines = [
         "| experiment | GPUs | epochs | top-1 % | time to train | NVIDIA's source |",
         "|---|---:|---:|---:|---:|---|",

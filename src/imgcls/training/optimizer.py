@@ -10,7 +10,7 @@ import torch
 from timm.optim import RMSpropTF, param_groups_weight_decay
 from torch import nn
 
-from imgcls.choices import OPTIMIZERS
+from imgcls.config.choices import OPTIMIZERS
 
 
 def parameter_groups(net: nn.Module, weight_decay: float, decayed: str = "conv_and_linear_weights") -> list[dict]:
@@ -157,4 +157,4 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
             eps=float(recipe.rmsprop_eps),
             momentum=float(recipe.momentum),
         )
-    raise ValueError(f"optimizer {name!r} is none of {OPTIMIZERS}")  # config_checks admits these only
+    raise ValueError(f"optimizer {name!r} is none of {OPTIMIZERS}")  # config.checks admits these only

@@ -22,13 +22,13 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
+from imgcls.config.hardware import resolve_auto_hardware
+from imgcls.config.published import scaled_hours, throughput
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
-from imgcls.hardware import resolve_auto_hardware
-from imgcls.published import scaled_hours, throughput
-from imgcls.scheduler import recipe_steps, scaled_lr, warmup_steps
+from imgcls.training.scheduler import recipe_steps, scaled_lr, warmup_steps
 from imgcls.typed_config import to_dict
 
 

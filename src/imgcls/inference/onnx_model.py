@@ -54,7 +54,7 @@ class OnnxModel:
 
     @property
     def quantization(self) -> dict[str, Any] | None:
-        """How an INT8 export was quantized (imgcls.quantization.ptq), None for an fp32 export."""
+        """How an INT8 export was quantized (imgcls.export.int8), None for an fp32 export."""
         return self.metadata.get("quantization")
 
     @property

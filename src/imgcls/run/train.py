@@ -1,4 +1,4 @@
-"""`imgcls.train.run(cfg)`: one training run (or its resumption), as a plan of milestones."""
+"""`imgcls.run.train.run(cfg)`: one training run (or its resumption), as a plan of milestones."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.order import training_callbacks
 from imgcls.callbacks.preemption import preemption_signals, restarted_by
-from imgcls.checkpoint import check_resumable, check_writable, resume_checkpoint
-from imgcls.config_checks import check_config
+from imgcls.config.checks import check_config
+from imgcls.config.hardware import resolve_auto_hardware
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.hardware import resolve_auto_hardware
-from imgcls.loggers import build_loggers, close_loggers
-from imgcls.models.trained import preprocessing_of
-from imgcls.module import ClassificationModule
-from imgcls.plan import resolve_plan
+from imgcls.inference.trained import preprocessing_of
 from imgcls.quantization.calibration import calibration_batches
-from imgcls.rundir import check_run_files_are_ours
+from imgcls.run.loggers import build_loggers, close_loggers
+from imgcls.run.plan import resolve_plan
+from imgcls.run.rundir import check_run_files_are_ours
+from imgcls.run.trainer import build_trainer
 from imgcls.seeding import seed_for_init
 from imgcls.storage import write_atomic
-from imgcls.trainer import build_trainer
+from imgcls.training.checkpoint import check_resumable, check_writable, resume_checkpoint
+from imgcls.training.module import ClassificationModule
 from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.rundir import is_rank_zero
+from imgcls.distributed import is_rank_zero
 from imgcls.storage import write_atomic, write_json_atomic
 
 # (line, exit code) per multirun job that ended with a user error (imgcls.cli.guarded appends to it); train_main

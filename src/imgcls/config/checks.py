@@ -6,10 +6,10 @@ per group option (15 models, 6 hardware profiles with free-form batch tables, 4 
 still no ranges (OmegaConf checks types only). The tables name every key of the shipped configs with
 its type and range; tests/test_config_checks.py composes every group option and fails when a key is
 missing from them, so a new key cannot slip past unchecked. Defaults live in conf/ only (an optional key's "off"
-value in conf/GROUP/_base.yaml), and docs/config-keys.md is generated from both (imgcls.config_reference). Runtime
+value in conf/GROUP/_base.yaml), and docs/config-keys.md is generated from both (imgcls.config.reference). Runtime
 code trusts what is checked here: tests/test_config_home.py lists every other `raise ConfigError` and why it
 cannot be checked up front. The tables are also what a `+KEY=...` on the command line
-may add (imgcls.overrides refuses any other key, with a did-you-mean): a key of another group option
+may add (imgcls.config.overrides refuses any other key, with a did-you-mean): a key of another group option
 (+model.se_width=16, refused with its reason where the network has no SE), one inside a `*` pattern (expected,
 hardware.batch) or one of OPEN's namespaces (data.storage_options: fsspec's options).
 
@@ -29,7 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from imgcls.choices import (
+from imgcls.config.choices import (
     AUGMENTS,
     AUTOAUGMENT_POLICIES,
     BAD_IMAGE_POLICIES,
@@ -396,7 +396,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     "logger": LOGGER, "callbacks": CALLBACKS, "trainer": TRAINER,
 }  # fmt: skip
 
-# Mappings no shipped config fills that a user fills with `+KEY=...` (imgcls.overrides lets these through too).
+# Mappings no shipped config fills that a user fills with `+KEY=...` (imgcls.config.overrides lets these through too).
 OPEN: dict[str, Check] = {
     "data.storage_options.*": anything,  # fsspec's options for remote shards (docs/shards.md), checked by fsspec
     # An experiment's result is one ${imgcls.published:...} value; a user may fill the default's null by hand.

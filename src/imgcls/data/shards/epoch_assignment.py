@@ -1,4 +1,4 @@
-"""The epoch plan over shard files (pure functions): which records each rank and DataLoader worker reads, in
+"""The epoch assignment over shard files (pure functions): which records each rank and DataLoader worker reads, in
 which order, for an epoch; docs/shards.md "Distributed semantics" is the contract, data/shards/stream.py walks it.
 
 - train, epoch e: shards in an order drawn from (seed, e), the records of each shard in an order drawn from
@@ -71,7 +71,7 @@ def stream_ids(counts: Sequence[int], start: int, stop: int, seed: int, epoch: i
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def epoch_plan(
+def epoch_assignment(
     counts: Sequence[int],
     world: int,
     rank: int,

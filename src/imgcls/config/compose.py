@@ -13,12 +13,12 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from imgcls.config.published import resolve as published
+from imgcls.distributed import is_rank_zero
 from imgcls.errors import ConfigError
-from imgcls.published import resolve as published
-from imgcls.rundir import is_rank_zero
 from imgcls.typed_config import to_dict
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def options(group: str) -> list[str]:

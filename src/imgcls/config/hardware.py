@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.config import compose_config
+from imgcls.config.compose import compose_config
 from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)

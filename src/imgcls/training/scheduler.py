@@ -12,7 +12,7 @@ import torch
 from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler, StepLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
-from imgcls.choices import SCHEDULES
+from imgcls.config.choices import SCHEDULES
 
 
 def scaled_lr(lr_per_256: float, global_batch: int) -> float:
@@ -86,13 +86,13 @@ def build_scheduler(
         decay_t = [round(m * steps_per_epoch) + 1 for m in milestones]
         return MultiStepLRScheduler(optimizer, decay_t=decay_t, decay_rate=0.1, warmup_prefix=False, **common)
     if schedule == "exponential":
-        if decay_rate is None or decay_epochs is None:  # config_checks requires both with this schedule
+        if decay_rate is None or decay_epochs is None:  # config.checks requires both with this schedule
             raise ValueError("schedule 'exponential' needs decay_rate and decay_epochs")
         steps_per_epoch = total_steps / max(1, epochs or 1)
         return StepLRScheduler(
             optimizer, decay_t=decay_epochs * steps_per_epoch, decay_rate=decay_rate, warmup_prefix=True, **common
         )
-    raise ValueError(f"schedule {schedule!r} is none of {SCHEDULES}")  # config_checks admits these only
+    raise ValueError(f"schedule {schedule!r} is none of {SCHEDULES}")  # config.checks admits these only
 
 
 class EpochStartLR:

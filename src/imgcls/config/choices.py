@@ -1,7 +1,7 @@
 """The names a config value chooses from where the code behind them needs torch, timm or Lightning (conv inits,
 optimizers, LR schedules, the Trainer arguments imgcls sets). Kept here, free of those imports, so that
-config_checks.py and imgcls.overrides (and with them a command that only reports a bad value) do not import torch,
-timm and Lightning first (~6 s of CPU per command)."""
+config/checks.py and config/overrides.py (and with them a command that only reports a bad value) do not import
+torch, timm and Lightning first (~6 s of CPU per command)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ BAD_IMAGE_POLICIES = ("skip", "error")  # data.on_bad_image: data/bad_images.py
 # timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.
 MIXUP_MODES = ("batch", "pair", "elem")
 # lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest): what
-# to set instead. trainer.py refuses them in the config; imgcls.overrides on the command line, before torch loads.
+# to set instead. run/trainer.py refuses them in the config; config/overrides.py on the command line, before torch
+# loads.
 IMGCLS_TRAINER_ARGS = {
     "precision": "precision=amp|bf16|tf32|fp32", "accumulate_grad_batches": "recipe.global_batch_size",
     "callbacks": "callbacks.*", "logger": "logger=...", "plugins": "precision/hardware", "deterministic":

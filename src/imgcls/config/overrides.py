@@ -4,7 +4,7 @@ exit code 1.
 
 Hydra stays the judge of what composes: the overrides are parsed with Hydra's own parser and composed with
 Hydra's compose API, and its exceptions are translated. What Hydra lets through and imgcls does not:
-`+KEY=...` for a key that is neither in the composed config nor in the command's check table (config_checks.py:
+`+KEY=...` for a key that is neither in the composed config nor in the command's check table (config/checks.py:
 a key of another group option, one inside a `*` pattern, or in OPEN's namespaces such as data.storage_options for
 fsspec), and the lightning.Trainer arguments imgcls sets itself from other keys. The trainer node is closed: it
 holds every lightning.Trainer argument already (tests/test_trainer_args.py), so `+trainer.X` is a typo.
@@ -27,9 +27,9 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from imgcls.choices import IMGCLS_TRAINER_ARGS
-from imgcls.config import CONF_DIR, options
-from imgcls.config_checks import OPEN, Check
+from imgcls.config.checks import OPEN, Check
+from imgcls.config.choices import IMGCLS_TRAINER_ARGS
+from imgcls.config.compose import CONF_DIR, options
 from imgcls.errors import ConfigError
 
 # The config groups whose choices are checked before composing (train.yaml's defaults list).
@@ -154,7 +154,7 @@ def _unknown_choice(group: str, value: str, allowed: list[str]) -> str:
 
 
 def known(key: str, table: dict[str, Check] | None) -> bool:
-    """A key of the check table, or inside one of its open namespaces (`*`, config_checks.OPEN), or a mapping
+    """A key of the check table, or inside one of its open namespaces (`*`, config.checks.OPEN), or a mapping
     above such keys."""
     for pattern in {**table, **OPEN} if table is not None else {}:
         parts = pattern.split(".")

@@ -1,4 +1,4 @@
-"""`imgcls.evaluate.run(cfg)`: validate a checkpoint on the val split and write NVIDIA-named metrics.
+"""`imgcls.run.evaluate.run(cfg)`: validate a checkpoint on the val split and write NVIDIA-named metrics.
 
 `ckpt=` may be an imgcls training checkpoint (it says which model, classes, preprocessing and precision
 to use), an imgcls weights export (same metadata), a foreign state_dict given `model=NAME` (timm's or
@@ -18,16 +18,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.report import ReportCallback
-from imgcls.config import compose_train, model_config, precision_config, required_ckpt
-from imgcls.config_checks import EVALUATE, check_config
+from imgcls.config.checks import EVALUATE, check_config
+from imgcls.config.compose import compose_train, model_config, precision_config, required_ckpt
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError, ConfigError, DataError
-from imgcls.models.onnx_model import is_onnx_path, load_onnx
-from imgcls.models.trained import PREPROCESSING_KEYS, TrainedModel, load_trained
+from imgcls.inference.onnx_model import is_onnx_path, load_onnx
+from imgcls.inference.trained import PREPROCESSING_KEYS, TrainedModel, load_trained
 from imgcls.models.weights import is_training_checkpoint, is_weights_export, read_torch_file, state_dict_of
-from imgcls.module import ClassificationModule
-from imgcls.precision import resolve_precision
 from imgcls.storage import write_json_atomic
+from imgcls.training.module import ClassificationModule
+from imgcls.training.precision import resolve_precision
 from imgcls.typed_config import merge, to_dict
 
 
@@ -109,7 +109,7 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
     from torchmetrics import MeanMetric
     from torchmetrics.classification import MulticlassAccuracy
 
-    from imgcls.timing import StepTimer
+    from imgcls.training.timing import StepTimer
 
     for key in ("model", "precision"):
         if cfg.get(key) is not None:

@@ -12,12 +12,12 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
 from imgcls.callbacks.preemption import without_lightning_signal_handling
-from imgcls.checkpoint import AtomicCheckpointIO
-from imgcls.choices import IMGCLS_TRAINER_ARGS
+from imgcls.config.choices import IMGCLS_TRAINER_ARGS
 from imgcls.errors import ConfigError
-from imgcls.plan import RunPlan
-from imgcls.precision import resolve_precision
-from imgcls.sync_batchnorm import TimmSyncBatchNorm
+from imgcls.run.plan import RunPlan
+from imgcls.training.checkpoint import AtomicCheckpointIO
+from imgcls.training.precision import resolve_precision
+from imgcls.training.sync_batchnorm import TimmSyncBatchNorm
 from imgcls.typed_config import to_dict
 
 

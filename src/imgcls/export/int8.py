@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from imgcls.config_checks import choice, integer, number
+from imgcls.config.checks import choice, integer, number
 from imgcls.errors import ConfigError
-from imgcls.models.onnx_model import METADATA_KEY
-from imgcls.models.trained import TrainedModel
+from imgcls.inference.onnx_model import METADATA_KEY
+from imgcls.inference.trained import TrainedModel
 from imgcls.quantization.calibration import calibration_batches
 
 METHODS = ("percentile", "minmax", "entropy")
@@ -44,7 +44,7 @@ METHODS = ("percentile", "minmax", "entropy")
 ACTIVATIONS = ("int8", "uint8")
 
 
-# The calibration keys, with config_checks' rules (the one place that words what a value must be).
+# The calibration keys, with config.checks' rules (the one place that words what a value must be).
 CHECKS = {
     "images": integer(1),
     "batch_size": integer(1),

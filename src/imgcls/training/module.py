@@ -19,12 +19,12 @@ from torch import nn
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from imgcls.config import CONF_DIR
-from imgcls.ema import ModelEma
-from imgcls.mixup import DeviceMixup
+from imgcls.config.compose import CONF_DIR
 from imgcls.models import build_network
-from imgcls.optimizer import build_optimizer, parameter_groups
-from imgcls.scheduler import recipe_scheduler
+from imgcls.training.ema import ModelEma
+from imgcls.training.mixup import DeviceMixup
+from imgcls.training.optimizer import build_optimizer, parameter_groups
+from imgcls.training.scheduler import recipe_scheduler
 from imgcls.typed_config import to_dict
 
 
@@ -126,7 +126,7 @@ class ClassificationModule(L.LightningModule):
             self.ema = self._averaged(self.ema.decay)
 
     def _averaged(self, decay: float) -> ModelEma:
-        """timm's EMA copy of the network (imgcls/ema.py), frozen: ModelEmaV3 (unlike timm's ModelEma) leaves its
+        """timm's EMA copy of the network (ema.py), frozen: ModelEmaV3 (unlike timm's ModelEma) leaves its
         parameters requiring grad, and DDP then waits for their gradients at every step ("parameters that were not
         used in producing the loss": every EMA run on 2+ devices died at its second step). Frozen, they stay out of
         DDP's buckets; the optimizer takes self.net's parameters only."""
@@ -268,7 +268,7 @@ class ClassificationModule(L.LightningModule):
         }
         from imgcls.quantization import qat
 
-        if qat.is_quantized(self.net):  # what models/trained.py rebuilds before it loads the weights
+        if qat.is_quantized(self.net):  # what inference/trained.py rebuilds before it loads the weights
             checkpoint[qat.STATE_KEY] = qat.quantizer_state(self.net)
 
 
@@ -302,7 +302,7 @@ def _build_mixup(recipe: Any, num_classes: int) -> DeviceMixup | None:
         return None
     # Partner = the flipped batch; recipe.mixup_mode: one lambda per batch (NVIDIA PyTorch) or per sample
     # (NVIDIA TF1 and TF2), timm's "batch" / "elem"; smoothing on the targets. timm's "elem" waits for the GPU at
-    # every step (imgcls/mixup.py): DeviceMixup draws and mixes per sample on the device, and is timm's otherwise.
+    # every step (mixup.py): DeviceMixup draws and mixes per sample on the device, and is timm's otherwise.
     mode = str(recipe.mixup_mode)
     return DeviceMixup(
         mixup_alpha=mixup,
