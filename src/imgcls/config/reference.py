@@ -14,7 +14,7 @@ from pathlib import Path
 
 from imgcls.config.checks import EVALUATE, SCHEMAS, Check, anything
 
-CONF = Path(__file__).resolve().parent / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 OUTPUT = Path("docs") / "config-keys.md"
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
 _MORE = re.compile(r"^ +#\s?(?P<comment>.*)$")  # an indented comment line continues the key above it
