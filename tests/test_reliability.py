@@ -325,7 +325,9 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
         "+hydra.callbacks.waiter._target_=tests.train_until_signalled.WaitAfterCheckpoint",
         f"+hydra.callbacks.waiter.marker={marker}",
     ]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    # The repository first (tests.train_until_signalled), the caller's PYTHONPATH after it, as warm_python does.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": pythonpath}
     launcher = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_file(marker, launcher)
     # Named for the job id, the pid of submitit's controller (beside the unexpanded "%j" it creates first).
