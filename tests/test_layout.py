@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYOUT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 DISPATCH = re.compile(r"imgcls(\.\w+)+:\w+")
 
-# The layers, lowest first (docs/architecture.md "Layers"): a module may import its own layer and the ones before
+# The layers, lowest first (docs/architecture.md, "The layers"): a module may import its own layer and the ones before
 # it. A module's layer is that of the longest prefix listed here.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("imgcls.errors", "imgcls.storage", "imgcls.distributed", "imgcls.typed_config", "imgcls.seeding")),
@@ -122,6 +122,8 @@ def test_the_layer_check_finds_an_upward_import() -> None:
     graph = {"imgcls.models.factory": {"imgcls.inference.trained"}, "imgcls.inference.trained": {"imgcls.models"}}
     assert upward_imports(graph) == ["imgcls.models.factory (models) -> imgcls.inference.trained (inference)"]
     assert layer_of("imgcls.export.__main__") > layer_of("imgcls.run.train") > layer_of("imgcls.export.int8")
+    # cli's modes name their modules as strings: those count as imports.
+    assert {"imgcls.run.train", "imgcls.bench.training", "imgcls.export"} <= import_graph()["imgcls.cli"]
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
