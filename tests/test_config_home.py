@@ -43,7 +43,6 @@ ALLOWED: dict[str, str] = {
     "bench/startup.py::parse_args": "command: the startup benchmark's own arguments",
     "bench/training.py::run": "data: the loader ran out before the timed iterations",
     "callbacks/console.py::progress_bar": "consumer: callbacks.progress_bar",
-    "callbacks/order.py::training_callbacks": "left: early stopping needs validation, a cross-key rule (callbacks/)",
     "classify/__init__.py::classify": "command: classify's batch_size (conf/classify.yaml has no table)",
     "classify/__init__.py::image_paths": "command: classify's images",
     "classify/__init__.py::load_predictor": "command: classify's backend, and model= against an ONNX ckpt (data)",
@@ -81,7 +80,7 @@ ALLOWED: dict[str, str] = {
     "config/overrides.py::parse": "command: the command line's overrides",
     "config/overrides.py::check_group_choices": "command: the command line's group choices",
     "config/overrides.py::_check_groups": "command: the command line's groups",
-    "run/plan.py::accumulation_steps": "left: data.batch_size / recipe.global_batch_size re-checked (plan.py)",
+    "run/plan.py::accumulation_steps": "machine: the batches over the resolved world size (trainer.devices=auto)",
     "run/plan.py::lookup_batch": "left: the hardware profile's batch table lacks the model's profile (plan.py)",
     "run/plan.py::world_size_of": "machine: the devices this machine has",
     "config/published.py::run_of": "data: published_runs.csv has the experiment's row",
@@ -265,6 +264,14 @@ def test_each_group_schema_holds_its_own_group_keys() -> None:
         (
             ["data.backend=dali_cpu", "data.dali_train_resize=torch", "recipe.interpolation=lanczos"],
             "^data.dali_train_resize=torch has no lanczos resize; use data.interpolation=bilinear",
+        ),
+        # run/plan.py's accumulation no longer re-checks the batches: a zero or negative one stops here.
+        (["data.batch_size=0"], "^data.batch_size=0 must be"),
+        (["recipe.global_batch_size=-8"], "^recipe.global_batch_size=-8 must be"),
+        # callbacks/order.py's rule, a cross-key one: early stopping watches val.top1.
+        (
+            ["callbacks.early_stopping_patience=3", "trainer.limit_val_batches=0"],
+            "^callbacks.early_stopping_patience=3 needs validation",
         ),
         # data/synthetic.py's rule: no folder to count the classes in.
         (["data=folder", "data.backend=synthetic"], "^data.num_classes must be set for the synthetic backend"),

@@ -24,7 +24,6 @@ from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.seeding import RankSeed, RNGState
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.data.datamodule import ClassificationDataModule
-from imgcls.errors import ConfigError
 from imgcls.training.checkpoint import last_path
 
 
@@ -49,11 +48,7 @@ def training_callbacks(
         *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
     ]
     patience = cfg.callbacks.get("early_stopping_patience")
-    if patience:  # NVIDIA --early-stopping-patience: epochs without a better val top-1
-        if not validates:
-            raise ConfigError(
-                f"callbacks.early_stopping_patience={patience} needs validation (trainer.limit_val_batches=0 skips it)"
-            )
+    if patience:  # NVIDIA --early-stopping-patience: epochs without a better val top-1 (validation: checks.py)
         callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=int(patience)))
     # The console: a bar that draws on a terminal only, numbering epochs as the epoch lines do; the summary without
     # an unmeasured FLOPs count (callbacks/console.py).

@@ -551,6 +551,12 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
             f"recipe={recipe.get('name')} fine-tunes a trained network with fake INT8 quantizers: set "
             "model.weights=PATH (a checkpoint or weights file of the fp32 network)"
         )
+    callbacks, trainer = cfg.get("callbacks"), cfg.get("trainer")
+    patience = callbacks.get("early_stopping_patience") if callbacks is not None else None
+    if patience and trainer is not None and trainer.get("limit_val_batches") == 0:  # 0: NVIDIA --training-only
+        raise ConfigError(
+            f"callbacks.early_stopping_patience={patience} needs validation (trainer.limit_val_batches=0 skips it)"
+        )
     if table is TRAIN and data is not None and data.get("backend") == "synthetic" and not data.get("num_classes"):
         # No folder to count classes in (evaluate's null is the checkpoint's count).
         raise ConfigError("data.num_classes must be set for the synthetic backend (e.g. 1000)")

@@ -60,11 +60,9 @@ def lookup_batch(
 
 
 def accumulation_steps(global_batch: int, per_device_batch: int, world_size: int) -> int:
-    """Micro-batches per optimizer step; an error when the batches do not divide."""
-    if per_device_batch <= 0:
-        raise ConfigError(f"data.batch_size={per_device_batch} must be a positive integer")
-    if global_batch <= 0:
-        raise ConfigError(f"recipe.global_batch_size={global_batch} must be a positive integer")
+    """Micro-batches per optimizer step; an error when the batches do not divide. The batches are positive already
+    (config/checks.py: data.batch_size, recipe.global_batch_size and the hardware tables' rows); the world size is
+    the machine's (trainer.devices=auto)."""
     if world_size <= 0:
         raise ConfigError(f"devices x nodes = {world_size} must be a positive integer")
     per_step = per_device_batch * world_size
