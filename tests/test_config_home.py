@@ -31,8 +31,8 @@ SCHEMA = "config/checks.py"
 # Why each site checks at run time. The tag before the colon says what the check needs that composition does not
 # have: library (what is installed), machine (GPUs, cores, the launcher), data (files, the dataset, a checkpoint,
 # the built network), command (a command's own arguments, outside the TRAIN/EVALUATE tables), consumer (a key the
-# table leaves to the one module that reads it: `anything` there), left (a re-check or cross-key rule that belongs
-# in config.checks, in a file under another engineer's edit while this was written: delete it there).
+# table leaves to the one module that reads it: `anything` there). A re-check or a cross-key rule of composed values
+# has no tag: it belongs in config/checks.py.
 ALLOWED: dict[str, str] = {
     "bench/data.py::parse_args": "command: python -m imgcls.bench.data's own key=value arguments",
     "bench/data.py::class_folders": "data: the class folders under data.root",
@@ -81,7 +81,7 @@ ALLOWED: dict[str, str] = {
     "config/overrides.py::check_group_choices": "command: the command line's group choices",
     "config/overrides.py::_check_groups": "command: the command line's groups",
     "run/plan.py::accumulation_steps": "machine: the batches over the resolved world size (trainer.devices=auto)",
-    "run/plan.py::lookup_batch": "left: the hardware profile's batch table lacks the model's profile (plan.py)",
+    "run/plan.py::lookup_batch": "machine: hardware=auto becomes the machine's profile after the checks run",
     "run/plan.py::world_size_of": "machine: the devices this machine has",
     "config/published.py::run_of": "data: published_runs.csv has the experiment's row",
     "config/published.py::resolve": "command: the resolver's field argument in a config file",
@@ -95,9 +95,9 @@ ALLOWED: dict[str, str] = {
     "run/trainer.py::check_trainer_args": "library: lightning.Trainer's arguments",
     "run/trainer.py::build_trainer": "machine: sync_batchnorm without GPUs",
 }
-TAGS = ("library", "machine", "data", "command", "consumer", "left")
+TAGS = ("library", "machine", "data", "command", "consumer")
 # What may check a key that the table checks too: what the table cannot know, or a re-check not yet deleted.
-MAY_NAME_A_CHECKED_KEY = ("library", "machine", "data", "left")
+MAY_NAME_A_CHECKED_KEY = ("library", "machine", "data")
 
 
 def _raise_sites() -> dict[str, list[str]]:
