@@ -134,23 +134,15 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
         return torch.optim.SGD(
             groups, lr=lr, momentum=float(recipe.momentum), nesterov=bool(recipe.nesterov), fused=fused
         )
-    if name == "rmsprop":
-        rmsprop = skips_overflowed_steps(torch.optim.RMSprop) if fused else torch.optim.RMSprop
+    if name in ("rmsprop", "rmsprop_tf"):
+        # rmsprop_tf: NVIDIA's TF2 EfficientNet (--optimizer rmsprop: rho --decay 0.9, --momentum 0.9, --opt_epsilon
+        # 1e-3) runs TF's RMSProp kernel: epsilon inside the square root and the LR inside the momentum buffer.
+        # torch's RMSprop adds eps outside the root, so with eps=1e-3 the two differ by orders of magnitude on small
+        # gradients. timm's RMSpropTF is TF's update; it starts the square average at 1 (TF1's slot init; Keras'
+        # RMSprop slot starts at 0, a difference that only matters in the first, warmup, steps).
+        kind: type[torch.optim.RMSprop | RMSpropTF] = torch.optim.RMSprop if name == "rmsprop" else RMSpropTF
+        rmsprop = skips_overflowed_steps(kind) if fused else kind
         return rmsprop(
-            groups,
-            lr=lr,
-            alpha=float(recipe.rmsprop_alpha),
-            eps=float(recipe.rmsprop_eps),
-            momentum=float(recipe.momentum),
-        )
-    if name == "rmsprop_tf":
-        # NVIDIA's TF2 EfficientNet (--optimizer rmsprop: rho --decay 0.9, --momentum 0.9, --opt_epsilon 1e-3) runs
-        # TF's RMSProp kernel: epsilon inside the square root and the LR inside the momentum buffer. torch's
-        # RMSprop adds eps outside the root, so with eps=1e-3 the two differ by orders of magnitude on small
-        # gradients. timm's RMSpropTF is TF's update; it starts the square average at 1 (TF1's slot init;
-        # Keras' RMSprop slot starts at 0, a difference that only matters in the first, warmup, steps).
-        rmsprop_tf = skips_overflowed_steps(RMSpropTF) if fused else RMSpropTF
-        return rmsprop_tf(
             groups,
             lr=lr,
             alpha=float(recipe.rmsprop_alpha),
