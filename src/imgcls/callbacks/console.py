@@ -20,11 +20,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichProgressB
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
-from imgcls.errors import ConfigError
-
 log = logging.getLogger("lightning.pytorch.callbacks.model_summary")  # where Lightning's own summary logs
-
-BARS = ("rich", "tqdm", "none")
 
 
 class _WithoutVersion:
@@ -75,9 +71,7 @@ def on_a_terminal(kind: str) -> bool:
 def progress_bar(kind: str | None, epochs: int, every_n_steps: int = 1) -> ProgressBar | None:
     """callbacks.progress_bar: the bar of `kind` (switched off when its stream is no terminal: it stays in the
     callbacks, so that Lightning adds no bar of its own), or None for none."""
-    kind = "none" if kind is None else str(kind)
-    if kind not in BARS:
-        raise ConfigError(f"callbacks.progress_bar={kind} is not allowed; use rich, tqdm or none")
+    kind = "none" if kind is None else str(kind)  # one of config.choices.PROGRESS_BARS (config/checks.py)
     if kind == "none":
         return None
     bar: ProgressBar

@@ -41,6 +41,7 @@ from imgcls.config.choices import (
     LR_INTERVALS,
     MIXUP_MODES,
     OPTIMIZERS,
+    PROGRESS_BARS,
     QUANTIZER_SETS,
     SCHEDULES,
     WEIGHT_DECAY_SETS,
@@ -350,7 +351,7 @@ CALLBACKS: dict[str, Check] = {
     "callbacks.checkpoint.every_n_epochs": POSITIVE_OR_NULL,
     "callbacks.checkpoint.keep_epochs": integer(0, null=True, also=(-1,)),
     "callbacks.early_stopping_patience": POSITIVE_OR_NULL,
-    "callbacks.progress_bar": anything,
+    "callbacks.progress_bar": or_null(choice(*PROGRESS_BARS)),
     "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.charts": boolean,
 }
@@ -384,7 +385,8 @@ TRAINER: dict[str, Check] = {  # any other key a user adds goes to lightning.Tra
     "trainer.inference_mode": boolean,
     "trainer.profiler": anything,
     "trainer.detect_anomaly": boolean,
-    "trainer.barebones": boolean,
+    # Lightning refuses barebones with what every imgcls run uses (checkpoints, loggers, the bar, its log cadence)
+    "trainer.barebones": lambda v: None if v is False else "false (barebones drops the checkpoints and logs)",
     "trainer.reload_dataloaders_every_n_epochs": COUNT,
     "trainer.enable_autolog_hparams": boolean,
     "trainer.model_registry": anything,

@@ -32,6 +32,7 @@ AUGMENTS = ("autoaugment", "randaugment")  # recipe.augment / data.augment (null
 DALI_TRAIN_RESIZES = ("auto", "torch", "dali")  # data.dali_train_resize: data/dali/host_resize.py resize_on_host
 HOST_RESIZE_MODES = ("bilinear", "bicubic", "nearest")  # the interpolations that torch resize has (host_resize.py)
 BAD_IMAGE_POLICIES = ("skip", "error")  # data.on_bad_image: data/bad_images.py
+PROGRESS_BARS = ("rich", "tqdm", "none")  # callbacks.progress_bar (null: none): callbacks/console.py
 # timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.
 MIXUP_MODES = ("batch", "pair", "elem")
 # lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest): what
