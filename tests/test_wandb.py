@@ -136,6 +136,7 @@ def test_wandb_online_without_credentials_is_one_line_and_warns_nothing_else(
 
     env = {k: v for k, v in clean_env().items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path / "home")  # no ~/.netrc, no W&B settings of this machine's user
+    env["WANDB_BASE_URL"] = "http://127.0.0.1:9"  # were W&B to try the network, a closed local port
     argv = [ROOT / "train.py", *tiny_overrides(image_folder, "logger=wandb"), f"hydra.run.dir={tmp_path / 'run'}"]
     result = warm_python.run(argv, base_env=env, cwd=tmp_path, timeout=300)
     assert_one_line_error(result, "logger=wandb: No API key configured", "logger.wandb.offline=true")

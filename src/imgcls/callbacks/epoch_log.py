@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from imgcls.callbacks.charts import plot_runs
-from imgcls.callbacks.report import ReportCallback
+from imgcls.callbacks.report import ReportCallback, best_row
 from imgcls.training.checkpoint import best_path, last_path
 
 log = logging.getLogger("imgcls")
@@ -100,9 +100,8 @@ class EpochLog(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        rows = [r for r in self.report.rows if r.get("val.top1") is not None]
-        if rows:
-            best = max(rows, key=lambda r: r["val.top1"])
+        best = best_row(self.report.rows)
+        if best is not None:
             log.info("best val.top1 %.2f at epoch %d of %d", best["val.top1"], best["epoch"] + 1, len(self.report.rows))
         log.info("run dir %s", self.run_dir)
         ckpt = best_path(self.run_dir) if best_path(self.run_dir).exists() else last_path(self.run_dir)

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config.compose import compose_config
-from imgcls.typed_config import to_dict
+from imgcls.typed_config import merge, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def resolve_auto_hardware(cfg: DictConfig) -> str | None:
         if "trainer" in cfg and _follows_profile(cfg.trainer, "devices"):
             chosen["devices"] = gpus  # a profile's count is its DGX's; this machine's GPUs are what it has
         changes = _changes({k: v for k, v in current.items() if k != "name"}, _profile(AUTO))
-        chosen = to_dict(OmegaConf.merge(chosen, changes))
+        chosen = to_dict(merge(chosen, changes))
         gpu = f"{gpus}x {properties.name} ({memory_gib:.0f} GiB)"
         reason = f"hardware=auto chose {name}: {gpu}, {_why(name, properties.name)}"
         log.info(reason)

@@ -71,7 +71,9 @@ class ClassificationDataModule(L.LightningDataModule):
         if spec not in self._loaders:
             # Close this split's stale loader first (its worker processes or DALI pipeline).
             self._close([k for k in self._loaders if k.split == spec.split])
-            self._loaders[spec] = self.backend.loader(spec)
+            loader = self._loaders[spec] = self.backend.loader(spec)
+            if spec.resume:  # a DALI loader took it in its build already (its load_state_dict does nothing)
+                loader.load_state_dict(spec.resume)
         return self._loaders[spec]
 
     def _close(self, specs: list[LoaderSpec]) -> None:

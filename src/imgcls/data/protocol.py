@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 
@@ -43,7 +43,6 @@ class LoaderSpec:
     resume: Any = field(default=None, compare=False)
 
 
-@runtime_checkable
 class ResumableLoader(Protocol):
     """A loader Lightning iterates once per epoch and resumes mid-epoch ("stateful" to Lightning)."""
 

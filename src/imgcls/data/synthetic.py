@@ -90,14 +90,11 @@ class SyntheticBackend:
         count = int(self.cfg.get("train_samples" if training else "val_samples") or 1024)
         per_rank = count // spec.world_size
         steps = per_rank // spec.batch_size if training else -(-per_rank // spec.batch_size)  # train: no partial
-        loader = SyntheticBatches(
+        return SyntheticBatches(
             max(steps, 1), spec.batch_size, int(self.cfg.image_size), len(self.classes),
             seed=spec.seed * 1_000_003 + 2 * spec.rank + (0 if training else 1),  # a fresh batch per split and rank
             channels_last=bool(self.cfg.get("channels_last")), device=spec.device,
         )  # fmt: skip
-        if training and spec.resume:
-            loader.load_state_dict(spec.resume)
-        return loader
 
     def on_device(self, batch: Any) -> Any:
         return batch  # made normalized on the device

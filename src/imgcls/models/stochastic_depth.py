@@ -11,9 +11,9 @@ swaps timm's DropPath modules for BatchDropPath after the network is built, keep
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import nn
+from torchvision.ops import stochastic_depth
 
 
 class BatchDropPath(nn.Module):
@@ -25,11 +25,8 @@ class BatchDropPath(nn.Module):
         self.drop_prob = float(drop_prob)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.drop_prob == 0.0:
-            return x
-        with torch.no_grad():  # as NVIDIA: the mask is a constant of the step, no gradient flows into it
-            mask = F.dropout(x.new_ones(()), p=self.drop_prob, training=True)
-        return x * mask
+        # torchvision's mode="batch": one Bernoulli on the device for the whole batch, scaled by 1 / (1 - p)
+        return stochastic_depth(x, self.drop_prob, "batch", self.training)
 
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob:.3f}, mask=batch"

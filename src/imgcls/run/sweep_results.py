@@ -112,6 +112,7 @@ def _best(run_dir: Path) -> tuple[dict[str, Any] | None, int]:
         rows = json.loads((run_dir / "report.json").read_text())["epochs"]
     except (OSError, ValueError, KeyError, TypeError):
         return None, 0
+    # callbacks.report.best_row's rule, not imported: this module loads with the command line, before torch
     validated = [row for row in rows if row.get("val.top1") is not None]
     return (max(validated, key=lambda row: row["val.top1"]) if validated else None), len(rows)
 

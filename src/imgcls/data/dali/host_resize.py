@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from imgcls.config.choices import HOST_RESIZE_MODES
 from imgcls.data.dali.batch_ring import BatchRing
 
-TORCH_MODES = {mode: mode for mode in HOST_RESIZE_MODES}  # data.interpolation -> F.interpolate's mode
 AUTO_MIN_SIZE = 128  # auto: torch from this train size up (see above)
 
 
@@ -42,7 +41,7 @@ def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: s
         return False
     if choice == "torch":  # config.checks refuses an augment or an interpolation that torch resize cannot run
         return True
-    return not augment and interpolation in TORCH_MODES and size >= AUTO_MIN_SIZE
+    return not augment and interpolation in HOST_RESIZE_MODES and size >= AUTO_MIN_SIZE
 
 
 class HostResize:
@@ -65,7 +64,7 @@ class HostResize:
         # rate: enough for 2 cores, not for the 16 cores a DGX gives a GPU (docs/data-backends.md).
         self.threads = max(1, int(threads))
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="imgcls-resize") if self.threads > 1 else None
-        mode = TORCH_MODES[interpolation]
+        mode = interpolation  # HOST_RESIZE_MODES: data.interpolation names that are F.interpolate's modes
         # torch antialiases only the bilinear/bicubic modes (it refuses antialias=True for nearest)
         self.resize_args: dict[str, Any] = {"mode": mode, "antialias": bool(antialias) and mode != "nearest"}
         self.dtype = torch.float16 if fp16 else torch.float32

@@ -16,7 +16,6 @@ class DaliSettings:
     train crop's (h, w, c) as a further output of the loader, for tests of the crop geometry."""
 
     gpu: bool  # dali_gpu: nvJPEG decode and GPU resize; dali_cpu never touches CUDA
-    root: str
     image_size: int
     interpolation: str
     mean: tuple[float, ...]
@@ -49,7 +48,6 @@ class DaliSettings:
         randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
         return cls(
             gpu=gpu,
-            root=str(cfg.root),
             image_size=int(cfg.image_size),
             interpolation=str(cfg.interpolation),
             mean=tuple(float(m) for m in cfg.mean),

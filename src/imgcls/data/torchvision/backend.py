@@ -77,10 +77,7 @@ class TorchvisionBackend:
         sampler = self._sampler(dataset, spec)
         sink, copier = self._bad_sample_sink(), copier_for(spec.device)
         training = spec.split == "train"
-        loader = _dataloader(dataset, sampler, spec.batch_size, self.cfg, training, bad_images=sink, copier=copier)
-        if training and spec.resume:
-            loader.load_state_dict(spec.resume)
-        return loader
+        return _dataloader(dataset, sampler, spec.batch_size, self.cfg, training, bad_images=sink, copier=copier)
 
     def on_device(self, batch: Any) -> Any:
         return (self.normalize(batch[0]), *batch[1:])  # labels as they are
