@@ -83,3 +83,57 @@ def test_the_rules_catch_a_diary_line(line: str) -> None:
 @pytest.mark.parametrize("line", FACT_LINES)
 def test_the_rules_leave_a_stated_fact(line: str) -> None:
     assert not diary_lines(line)
+
+
+# A repository path as docs, config comments and docstrings write it: src/imgcls/..., imgcls/... (short for
+# src/imgcls/...), conf/..., docs/..., tests/..., docker/....
+REPO_PATH = re.compile(
+    r"(?<![\w./$-])((?:src/)?imgcls/[\w/]+\.(?:py|csv|yaml)|(?:conf|docs|tests|docker|src)/[\w/.-]*\w)"
+)
+
+
+def stale_paths(text: str, tracked: list[str]) -> list[str]:
+    """The paths named in `text` that no tracked file is, or starts with (`conf/model/efficientnet_b0` stands
+    for its variants), skipping placeholders (`conf/GROUP/_base.yaml`) and the user's own conf/local/."""
+    stale = []
+    for match in REPO_PATH.finditer(text):
+        path = match.group(1)
+        path = f"src/{path}" if path.startswith("imgcls/") else path
+        if re.search(r"/[A-Z_]*[A-Z][A-Z_]*(?:/|\.|$)", path) or path.startswith("conf/local"):
+            continue
+        if not any(name == path or name.startswith(path) for name in tracked):
+            stale.append(match.group(1))
+    return stale
+
+
+def _tracked() -> list[str]:
+    """The repository's files: git's list in a checkout, the tree's own files in an exported copy."""
+    import subprocess
+
+    if (ROOT / ".git").exists():
+        return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    skip = (".venv", ".git", "outputs", "multirun")
+    return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and p.parts[len(ROOT.parts)] not in skip]
+
+
+def test_every_path_the_docs_configs_and_code_name_exists() -> None:
+    """A file that moved leaves no reader at its old path (published_runs.csv moved into config/ while 100
+    comments still named src/imgcls/published_runs.csv). CHANGELOG.md is history and keeps old paths."""
+    tracked = _tracked()
+    assert "src/imgcls/config/published_runs.csv" in tracked
+    history = ("CHANGELOG.md", "tests/test_docs.py")  # the changelog and this file's own examples
+    texts = [name for name in tracked if name.endswith((".md", ".yaml", ".py", ".toml")) and name not in history]
+    found = {
+        name: stale for name in texts if (stale := stale_paths((ROOT / name).read_text(encoding="utf-8"), tracked))
+    }
+    assert not found, found
+
+
+def test_a_moved_file_is_a_stale_path() -> None:
+    tracked = ["src/imgcls/config/published_runs.csv", "conf/model/efficientnet_b0.yaml"]
+    assert stale_paths("rows of src/imgcls/published_runs.csv; imgcls/published_runs.csv", tracked) == [
+        "src/imgcls/published_runs.csv", "imgcls/published_runs.csv"
+    ]  # fmt: skip
+    assert (
+        stale_paths("imgcls/config/published_runs.csv, conf/model/efficientnet_b0*, conf/GROUP/x.yaml", tracked) == []
+    )

@@ -1,4 +1,4 @@
-"""NVIDIA's published runs: src/imgcls/published_runs.csv is the one place their numbers are typed in.
+"""NVIDIA's published runs: src/imgcls/config/published_runs.csv is the one place their numbers are typed in.
 
 The table is checked number for number against the verbatim copies of NVIDIA's READMEs in docs/reference/
 (PyTorch accuracy and time, PyTorch training img/s and time, TF1/TF2 accuracy and time), every experiment

@@ -54,7 +54,7 @@ from imgcls.config.published import throughput_table
 
 ROOT = Path(__file__).resolve().parents[3]  # the source checkout holding train.py
 
-# The ResNet50 v1.5 rows of NVIDIA's training throughput (imgcls/published_runs.csv) the rows compare with,
+# The ResNet50 v1.5 rows of NVIDIA's training throughput (imgcls/config/published_runs.csv) the rows compare with,
 # named by their table in docs/reference/nvidia-training-performance.md.
 SOURCES = {
     "dgxa100": "A.2 DGX A100 (8x A100 80GB)",

@@ -1,6 +1,6 @@
 """NVIDIA's published runs: the one table of their numbers, and what the configs and the plan read from it.
 
-src/imgcls/published_runs.csv holds one row per published measurement of NVIDIA's PyTorch, TF1 and TF2
+src/imgcls/config/published_runs.csv holds one row per published measurement of NVIDIA's PyTorch, TF1 and TF2
 ConvNets READMEs (DeepLearningExamples 729963dd): the run (framework, model, hardware profile, precision, GPUs,
 epochs), the per-GPU batch of the TF scripts, the val top-1 (and its spread over seeds where printed), the time to
 train, the training img/s, and `source`, the file:line of every number in NVIDIA's repository. A row with an

@@ -240,7 +240,7 @@ def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
         return f"no estimate: NVIDIA published no training throughput for {missing[0]} {missing[2]} on {missing[1]}"
     return (
         f"~{scaled:.1f} (an estimate: NVIDIA's {hours} h on {origin[3]}x {origin[1]} {origin[2]}, scaled by its "
-        f"published img/s for {planned[3]}x {planned[1]} {planned[2]}, imgcls/published_runs.csv)"
+        f"published img/s for {planned[3]}x {planned[1]} {planned[2]}, imgcls/config/published_runs.csv)"
     )
 
 
