@@ -59,6 +59,15 @@ def refused(command: str, *argv: str) -> str:
         # `+` where the key exists, and a key of the check table that this config does not have, without `+`.
         ("train", ["+model.arch=x"], "model.arch is already a key; set it without the +: model.arch=x"),
         ("train", ["data.storage_options.anon=true"], "add it with +data.storage_options.anon=true"),
+        # A key inside a value computed as a whole (NVIDIA's published result): the value to set instead (was
+        # "not in this config; add it with +", and the `+` then ended in Hydra's three-line refusal).
+        (
+            "train",
+            ["experiment=resnet50_dgx2v_amp_250e", "expected.top1=80"],
+            "expected.top1=80: expected is computed as a whole (${imgcls.published:resnet50_dgx2v_amp_250e,expected}),"
+            " so a key inside it cannot be set; set expected itself, e.g. expected={top1:80}",
+        ),
+        ("train", ["experiment=resnet50_dgx2v_amp_250e", "+expected.top1=80"], "e.g. expected={top1:80}"),
         # Malformed overrides (Hydra's lexer errors), and a bare word: what it likely is.
         ("train", ["model=[a"], "cannot parse the override model=[a (no viable alternative at input '[a')"),
         ("train", ["data.batch_size==3"], "cannot parse the override data.batch_size==3 (extraneous input '=')"),
@@ -96,6 +105,7 @@ def test_a_checkpoint_path_without_its_key(tmp_path: Path) -> None:
         ("train", ["+data.storage_options.endpoint_url=http://127.0.0.1:9000", "run_dir=/tmp/x"]),  # test_shards_s3
         ("train", ["model=resnet50", "+model.se_width=16"]),
         ("train", ["+expected.top1=77.0"]),
+        ("train", ["experiment=resnet50_dgx2v_amp_250e", "expected={top1:80}"]),
         ("train", ["++model.arch=resnet18"]),
         ("evaluate", ["ckpt=x.ckpt", "+data.storage_options.anon=true", "precision=bf16"]),
         # Sweeps: each choice is checked, the keys on the first job's config.

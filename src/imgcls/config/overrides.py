@@ -81,6 +81,8 @@ def check_command_line(config_name: str, argv: list[str], table: dict[str, Check
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_composition_error(config_name, parsed, exc, table, multirun)) from None
     for override in additions:
+        if (whole := _set_whole(cfg, override)) is not None:
+            raise ConfigError(whole)
         exists = _find(cfg, override.key_or_group)
         if override.is_add() and exists:
             raise ConfigError(
@@ -211,6 +213,28 @@ def _find(cfg: DictConfig, key: str) -> bool:
     return True
 
 
+def _set_whole(cfg: DictConfig, override: Override) -> str | None:
+    """A key inside a value that an interpolation computes as a whole (an experiment's `expected`, NVIDIA's
+    published result: ${imgcls.published:...}): Hydra cannot set a part of it, the user can set all of it."""
+    parts = override.key_or_group.split(".")
+    node: Any = cfg
+    for depth, part in enumerate(parts[:-1]):
+        if not isinstance(node, DictConfig) or part not in node.keys():
+            return None
+        node = node._get_node(part)
+        if node._is_interpolation():
+            whole = ".".join(parts[: depth + 1])
+            value = _line(override).split("=", 1)[1]
+            inner = value
+            for name in reversed(parts[depth + 1 :]):
+                inner = f"{{{name}:{inner}}}"
+            return (
+                f"{_line(override)}: {whole} is computed as a whole ({node._value()}), so a key inside it cannot be "
+                f"set; set {whole} itself, e.g. {whole}={inner}"
+            )
+    return None
+
+
 def _composition_error(
     config_name: str, parsed: list[Override], exc: Exception, table: dict[str, Check] | None, multirun: bool
 ) -> str:
@@ -228,6 +252,8 @@ def _composition_error(
         for override in parsed:
             if _is_group(override) or override.is_add() or override.is_force_add():
                 continue
+            if (whole := _set_whole(base, override)) is not None:
+                return whole
             if not _find(base, override.key_or_group):
                 if known(override.key_or_group, table) and not override.is_delete():
                     return (
