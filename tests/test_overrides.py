@@ -49,6 +49,12 @@ def refused(command: str, *argv: str) -> str:
         ("train", ["+trainer.precision=16"], "trainer.precision is set by imgcls; use precision=amp|bf16|tf32|fp32"),
         ("evaluate", ["trainer.precision=16"], "trainer.precision is set by imgcls; use precision=amp|bf16|tf32|fp32"),
         ("train", ["trainer.accumulate_grad_batches=4"], "set by imgcls; use recipe.global_batch_size"),
+        (  # a typo of one of them: that key's way (was the list of trainer's keys)
+            "train",
+            ["+trainer.precison=16"],
+            "+trainer.precison=16: trainer.precison is not a key of trainer; trainer.precision is set by imgcls; "
+            "use precision=amp|bf16|tf32|fp32",
+        ),
         # Group choices: the nearest one, the allowed ones.
         ("train", ["model=resnet5"], "model=resnet5 is not a known model; did you mean model=resnet50? allowed: "),
         ("train", ["-m", "model=resnet50,resnet5O"], "model=resnet5O is not a known model; did you mean"),

@@ -309,7 +309,10 @@ def _unknown_key(cfg: DictConfig, override: Override, table: dict[str, Check] | 
             level = {str(k) for k in node.keys() if not deeper or isinstance(node._get_node(k), DictConfig)}
         inside = f"{parent}." if parent else ""
         dots = depth + 1 if deeper else depth
-        level |= {p.split(".")[depth] for p in table or {} if p.startswith(inside) and p.count(".") >= dots}
+        reserved = SET_BY_IMGCLS if table is not None else {}  # a typo of one of them is still meant for it
+        level |= {
+            p.split(".")[depth] for p in {**(table or {}), **reserved} if p.startswith(inside) and p.count(".") >= dots
+        }
         level = {name for name in level if "*" not in name and name != "hydra"}
         line = _line(override)
         value = line.split("=", 1)[1] if "=" in line else None
@@ -324,6 +327,11 @@ def _unknown_key(cfg: DictConfig, override: Override, table: dict[str, Check] | 
                 f"the keys of {parent or 'the config'}: {names}" if names else f"{parent} takes no keys"
             )
         meant = ".".join([*parts[:depth], close[0], *parts[depth + 1 :]])
+        if meant in reserved:
+            instead = reserved[meant]
+            return f"{override.input_line}: {key} is not {where}; {meant} is set by imgcls" + (
+                f"; use {instead}" if instead else ""
+            )
         prefix = "~" if override.is_delete() else ""
         suggestion = prefix + meant + (f"={value}" if value is not None else "")
         return f"{override.input_line}: {key} is not {where}; did you mean {suggestion}?"
