@@ -1,8 +1,9 @@
 """TF's training crop (data/tf_crop.py): tf.image.sample_distorted_bounding_box as NVIDIA's TF1 and TF2 call it
 (TF1/utils/image_processing.py:52-61, TF2/dataloader/preprocessing.py:227-237), on the torchvision backend.
 
-The DALI backend's window comes from the same `sample_window` (tests/test_dali.py checks the pipeline). The
-opt-in test at the end compares the sampler with TensorFlow's own op over many draws."""
+The DALI backend's windows come from the same `sample_windows`, a batch at a time (tests/test_dali.py checks the
+pipeline); tests/tf_crop_reference.py, TF's kernel one attempt at a time, is its oracle. The opt-in test at the
+end compares the sampler with TensorFlow's own op over many draws."""
 
 from __future__ import annotations
 
@@ -21,9 +22,17 @@ import torch
 from PIL import Image
 
 from imgcls.data.protocol import LoaderSpec
-from imgcls.data.tf_crop import OBJECT_BOXES_INFO, DistortedCrop, TFDistortedCrop, sample_window
+from imgcls.data.tf_crop import (
+    OBJECT_BOXES_INFO,
+    DistortedCrop,
+    TFDistortedCrop,
+    padded_boxes,
+    sample_window,
+    sample_windows,
+)
 from imgcls.data.transforms import train_transform
 from tests.conftest import compose_config, make_image_folder, tiny_overrides
+from tests.tf_crop_reference import reference_window
 
 NVIDIA = DistortedCrop(area_range=(0.05, 1.0), aspect_range=(0.75, 1.33), min_object_covered=0.1, max_attempts=100)
 
@@ -57,6 +66,47 @@ def test_every_window_covers_the_minimum_of_a_box_within_the_ranges(boxes: np.nd
             else [(int(b[1] * width), int(b[0] * height), int(b[3] * width), int(b[2] * height)) for b in boxes]
         )
         assert max(_covered(window, b) for b in pixel if (b[2] - b[0]) * (b[3] - b[1]) >= 1) >= 0.1
+
+
+def _random_boxes(rng: np.random.Generator) -> np.ndarray | None:
+    """None (the whole image), or 1-4 boxes: ordinary, inverted, empty, or reaching past the image."""
+    kind = int(rng.integers(0, 4))
+    if kind == 0:
+        return None
+    boxes = rng.random((int(rng.integers(1, 5)), 4)).astype(np.float32)
+    if kind == 1:  # ordinary: min < max
+        boxes = np.concatenate([np.minimum(boxes[:, :2], boxes[:, 2:]), np.maximum(boxes[:, :2], boxes[:, 2:])], 1)
+    elif kind == 3:
+        boxes = boxes * 1.4 - 0.2
+    return boxes
+
+
+def test_a_batch_of_windows_is_tfs_attempt_loop_image_by_image() -> None:
+    """sample_windows (every attempt of every image at once) picks exactly the window of TF's kernel run one
+    attempt at a time (tests/tf_crop_reference.py), over sizes from 1 px, aspect and area ranges beyond
+    NVIDIA's, every coverage, object boxes of every kind, and float32 (DALI's) or float64 (Python's) draws."""
+    rng = np.random.default_rng(7)
+    checked = fallbacks = 0
+    for _ in range(300):
+        low_area = float(rng.choice([0.01, 0.05, 0.3]))
+        low_aspect = float(rng.choice([0.2, 0.75, 1.0]))
+        spec = DistortedCrop(
+            area_range=(low_area, float(rng.choice([0.5, 1.0]))),
+            aspect_range=(low_aspect, low_aspect * float(rng.choice([1.0, 1.77, 8.0]))),
+            min_object_covered=float(rng.choice([0.0, 0.1, 0.5, 1.0])),
+            max_attempts=int(rng.choice([1, 3, 100])),
+        )
+        batch = int(rng.integers(1, 9))
+        heights, widths = (rng.integers(1, int(rng.choice([8, 64, 900])), batch) for _ in range(2))
+        uniforms = rng.random((batch, spec.max_attempts, 4), dtype=rng.choice([np.float32, np.float64]))
+        boxes = [_random_boxes(rng) for _ in range(batch)]
+        windows = sample_windows(heights, widths, spec, uniforms, padded_boxes(boxes))
+        for i in range(batch):
+            expected = reference_window(int(heights[i]), int(widths[i]), spec, uniforms[i], boxes[i])
+            assert tuple(int(v) for v in windows[i]) == expected, (spec, heights[i], widths[i], boxes[i])
+            checked += 1
+            fallbacks += expected == (0, 0, int(heights[i]), int(widths[i]))
+    assert checked > 1000 and 0.05 < fallbacks / checked < 0.9  # both ways of ending are exercised
 
 
 def test_whole_image_box_rejects_every_crop_under_a_tenth_of_the_image() -> None:
@@ -273,3 +323,19 @@ def test_dali_reads_tf1s_object_boxes_from_the_records(tmp_path: Path) -> None:
         red_share[boxes] = (images[:, 0] > images[:, 2]).float().mean(dim=(1, 2))
     assert red_share[True].min() > 0.01, red_share[True].min()
     assert (red_share[False] == 0).any()
+
+
+def test_dalis_one_call_a_batch_chooses_the_windows_of_one_call_an_image() -> None:
+    """The DALI pipeline's window step, one python_function call a batch (pipelines.tf_windows), chooses from
+    DALI's random numbers the windows that DALI's per-image calls choose, with and without object boxes
+    (bench.tf_crop checks it on every run and stops otherwise)."""
+    pytest.importorskip("nvidia.dali")
+    from imgcls.bench import tf_crop as bench
+
+    rows = bench.measure(batch_size=16, batches=1)
+    assert [(way, box) for way, box, _ in rows] == [
+        ("one call a batch (imgcls)", "whole image"), ("one call an image", "whole image"),
+        ("one call a batch (imgcls)", "2 object boxes"), ("one call an image", "2 object boxes"),
+        ("random numbers alone", "-"),
+    ]  # fmt: skip
+    assert all(ms > 0 for _, _, ms in rows)

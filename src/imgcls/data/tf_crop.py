@@ -52,95 +52,119 @@ def crop_spec(cfg: Any) -> DistortedCrop:
     )
 
 
-def _lrintf(value: Any) -> int:
-    return int(np.rint(F32(value)))  # C's lrintf under the default rounding mode: half to even
+def _rint(values: np.ndarray) -> np.ndarray:
+    return np.rint(values).astype(np.int64)  # C's lrintf under the default rounding mode: half to even
 
 
-def _uniform_int(u: float, n: int) -> int:
-    """TF's SimplePhilox::Uniform(n), a uniform integer in [0, n), from u in [0, 1)."""
-    return min(int(u * n), n - 1)
+def _uniform_int(u: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """TF's SimplePhilox::Uniform(n), a uniform integer in [0, n), from u in [0, 1) (in double, as C++)."""
+    return np.minimum((u.astype(np.float64) * n).astype(np.int64), n - 1)
 
 
-def _random_crop(
-    width: int, height: int, spec: DistortedCrop, aspect: np.float32, u_height: float, u_y: float, u_x: float
-) -> tuple[int, int, int, int] | None:
-    """GenerateRandomCrop: (x0, y0, x1, y1), or None where TF returns false."""
-    min_area = F32(spec.area_range[0]) * F32(width) * F32(height)
-    max_area = F32(spec.area_range[1]) * F32(width) * F32(height)
-    crop_h = _lrintf(np.sqrt(min_area / aspect, dtype=F32))
-    max_h = _lrintf(np.sqrt(max_area / aspect, dtype=F32))
-    if _lrintf(F32(max_h) * aspect) > width:
-        max_h = int((width + 0.5 - float(F32(K_EPS))) / float(aspect))  # in double, as C++ promotes it
-        if _lrintf(F32(max_h) * aspect) > width:
-            max_h -= 1
-    max_h = min(max_h, height)
-    crop_h = min(crop_h, max_h)
-    if crop_h < max_h:
-        crop_h += _uniform_int(u_height, max_h - crop_h + 1)
-    crop_w = _lrintf(F32(crop_h) * aspect)
-    area = F32(crop_w * crop_h)
-    if area < min_area:
-        crop_h += 1
-        crop_w = _lrintf(F32(crop_h) * aspect)
-        area = F32(crop_w * crop_h)
-    if area > max_area:
-        crop_h -= 1
-        crop_w = _lrintf(F32(crop_h) * aspect)
-        area = F32(crop_w * crop_h)
-    if area < min_area or area > max_area or crop_w > width or crop_h > height or crop_w <= 0 or crop_h <= 0:
-        return None
+def _random_crops(
+    width: np.ndarray, height: np.ndarray, spec: DistortedCrop, aspect: np.ndarray, u: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """GenerateRandomCrop for every attempt at once: (x0, y0, crop_w, crop_h, valid); width, height (B, 1),
+    aspect (B, A) float32, u (B, A, 4). Each float32 step stays float32 and each double step double, as TF's."""
+    min_area = F32(spec.area_range[0]) * width.astype(F32) * height.astype(F32)
+    max_area = F32(spec.area_range[1]) * width.astype(F32) * height.astype(F32)
+    crop_h = _rint(np.sqrt(min_area / aspect))
+    max_h = _rint(np.sqrt(max_area / aspect))
+    too_wide = _rint(max_h.astype(F32) * aspect) > width
+    narrower = ((width + 0.5 - float(F32(K_EPS))) / aspect.astype(np.float64)).astype(np.int64)
+    max_h = np.where(too_wide, narrower, max_h)
+    max_h -= too_wide & (_rint(max_h.astype(F32) * aspect) > width)
+    max_h = np.minimum(max_h, height)
+    crop_h = np.minimum(crop_h, max_h)
+    crop_h = np.where(crop_h < max_h, crop_h + _uniform_int(u[..., 1], max_h - crop_h + 1), crop_h)
+
+    def widths(crop_h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        crop_w = _rint(crop_h.astype(F32) * aspect)
+        return crop_w, (crop_w * crop_h).astype(F32)
+
+    crop_w, area = widths(crop_h)
+    crop_h = crop_h + (area < min_area)  # one pixel taller where the rounding fell under the smallest area
+    crop_w, area = widths(crop_h)
+    crop_h = crop_h - (area > max_area)  # (after the step above, as TF's two ifs)
+    crop_w, area = widths(crop_h)
+    valid = (area >= min_area) & (area <= max_area) & (crop_w <= width) & (crop_h <= height)
+    valid &= (crop_w > 0) & (crop_h > 0)
     # Uniform(n) is in [0, n): like TF, a crop narrower than the image never touches its right or bottom edge.
-    y = _uniform_int(u_y, height - crop_h) if crop_h < height else 0
-    x = _uniform_int(u_x, width - crop_w) if crop_w < width else 0
-    return x, y, x + crop_w, y + crop_h
+    y = np.where(crop_h < height, _uniform_int(u[..., 2], np.maximum(height - crop_h, 1)), 0)
+    x = np.where(crop_w < width, _uniform_int(u[..., 3], np.maximum(width - crop_w, 1)), 0)
+    return x, y, crop_w, crop_h, valid
 
 
-def _area(x0: int, y0: int, x1: int, y1: int) -> np.float32:
-    return F32((x1 - x0) * (y1 - y0))
+def _covers(
+    x: np.ndarray, y: np.ndarray, crop_w: np.ndarray, crop_h: np.ndarray, boxes: np.ndarray, minimum: float
+) -> np.ndarray:
+    """SatisfiesOverlapConstraints per attempt: the crop covers at least `minimum` of one box's area; boxes
+    (B, K, 4) pixel boxes (x0, y0, x1, y1), padding boxes without pixels (they count for nothing, as in TF)."""
+    x0, y0, x1, y1 = (boxes[:, None, :, i] for i in range(4))  # (B, 1, K)
+    box_area = ((x1 - x0) * (y1 - y0)).astype(F32)
+    cx0, cy0 = x[..., None], y[..., None]  # (B, A, 1)
+    cx1, cy1 = cx0 + crop_w[..., None], cy0 + crop_h[..., None]
+    ix0, iy0, ix1, iy1 = np.maximum(cx0, x0), np.maximum(cy0, y0), np.minimum(cx1, x1), np.minimum(cy1, y1)
+    inter = np.where((ix0 > ix1) | (iy0 > iy1), 0, (ix1 - ix0) * (iy1 - iy0)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        enough = (box_area >= 1) & (inter / box_area >= F32(minimum))
+    return ((crop_w * crop_h).astype(F32) >= 1) & enough.any(axis=-1)
 
 
-def _covers(crop: tuple[int, int, int, int], boxes: Sequence[tuple[int, int, int, int]], minimum: float) -> bool:
-    """SatisfiesOverlapConstraints: the crop covers at least `minimum` of one box's area."""
-    if _area(*crop) < 1:
-        return False
-    for box in boxes:
-        box_area = _area(*box)
-        if box_area < 1:  # a box without pixels counts for nothing
-            continue
-        x0, y0 = max(crop[0], box[0]), max(crop[1], box[1])
-        x1, y1 = min(crop[2], box[2]), min(crop[3], box[3])
-        inter = F32(0) if x0 > x1 or y0 > y1 else _area(x0, y0, x1, y1)
-        if inter / box_area >= F32(minimum):
-            return True
-    return False
+def pixel_boxes(boxes: np.ndarray, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Object boxes [ymin, xmin, ymax, xmax] relative to the image, (B, K, 4) -> TF's integer pixel boxes
+    (x0, y0, x1, y1): static_cast<int32>(coordinate x size); heights, widths (B, 1). TF refuses coordinates
+    outside [0, 1]; they are clipped here, so a record with a slightly wrong box still trains."""
+    rel = np.clip(boxes.astype(F32), 0, 1)
+    w, h = widths.astype(F32), heights.astype(F32)
+    return np.stack([rel[..., 1] * w, rel[..., 0] * h, rel[..., 3] * w, rel[..., 2] * h], axis=-1).astype(np.int64)
 
 
-def pixel_boxes(boxes: np.ndarray | None, height: int, width: int) -> list[tuple[int, int, int, int]]:
-    """Object boxes [ymin, xmin, ymax, xmax] relative to the image -> TF's integer pixel boxes (x0, y0, x1, y1):
-    static_cast<int32>(coordinate x size). TF refuses coordinates outside [0, 1]; they are clipped here, so a
-    record with a slightly wrong box still trains. No box: the whole image (use_image_if_no_bounding_boxes)."""
-    if boxes is None or np.size(boxes) == 0:
-        return [(0, 0, width, height)]
-    rel = np.clip(np.asarray(boxes, F32).reshape(-1, 4), 0, 1)
-    w, h = F32(width), F32(height)
-    return [(int(b[1] * w), int(b[0] * h), int(b[3] * w), int(b[2] * h)) for b in rel]
+WHOLE_IMAGE = np.array([[0.0, 0.0, 1.0, 1.0]], F32)  # TF's use_image_if_no_bounding_boxes: (0, 0, width, height)
+
+
+def padded_boxes(boxes: Sequence[np.ndarray | None]) -> np.ndarray:
+    """(B, K, 4) relative boxes from each image's (K_i, 4) boxes or None; None or no box is the whole image, and
+    the padding boxes have no pixels (TF counts those for nothing)."""
+    per_image = [WHOLE_IMAGE if b is None or np.size(b) == 0 else np.asarray(b, F32).reshape(-1, 4) for b in boxes]
+    padded = np.zeros((len(per_image), max(len(b) for b in per_image), 4), F32)
+    for i, image_boxes in enumerate(per_image):
+        padded[i, : len(image_boxes)] = image_boxes
+    return padded
+
+
+def sample_windows(
+    heights: Sequence[int] | np.ndarray,
+    widths: Sequence[int] | np.ndarray,
+    spec: DistortedCrop,
+    uniforms: np.ndarray,
+    boxes: np.ndarray | None = None,
+) -> np.ndarray:
+    """(B, 4) rows (y, x, h, w) of TF's crops of B images, all attempts of all images at once (one call per
+    batch: the DALI pipeline's Python step holds the GIL for microseconds an image, not TF's attempt loop).
+    `uniforms`: (B, spec.max_attempts, 4) numbers in [0, 1) (aspect, height, y, x per attempt); `boxes`:
+    (B, K, 4) object boxes [ymin, xmin, ymax, xmax] in [0, 1] (padded_boxes), None for the whole images."""
+    height = np.asarray(heights, np.int64).reshape(-1, 1)
+    width = np.asarray(widths, np.int64).reshape(-1, 1)
+    u = np.asarray(uniforms).reshape(len(height), -1, UNIFORMS_PER_ATTEMPT)[:, : spec.max_attempts]
+    lo, hi = F32(spec.aspect_range[0]), F32(spec.aspect_range[1])
+    aspect = u[..., 0].astype(F32) * (hi - lo) + lo
+    x, y, crop_w, crop_h, valid = _random_crops(width, height, spec, aspect, u)
+    relative = np.broadcast_to(WHOLE_IMAGE, (len(height), 1, 4)) if boxes is None else boxes
+    pixel = pixel_boxes(relative, height, width)
+    ok = valid & _covers(x, y, crop_w, crop_h, pixel, spec.min_object_covered)
+    first = ok.argmax(axis=1)  # TF's first successful attempt
+    window = np.stack((y, x, crop_h, crop_w), axis=-1)[np.arange(len(first)), first]
+    whole = np.concatenate([np.zeros_like(height), np.zeros_like(height), height, width], axis=1)
+    return np.where(ok.any(axis=1)[:, None], window, whole)  # no attempt succeeded: the whole image
 
 
 def sample_window(
     height: int, width: int, spec: DistortedCrop, uniforms: np.ndarray, boxes: np.ndarray | None = None
 ) -> tuple[int, int, int, int]:
-    """(y, x, h, w) of TF's crop of a height x width image. `uniforms`: (spec.max_attempts, 4) numbers in [0, 1)
-    (aspect, height, y, x per attempt); `boxes`: object boxes [ymin, xmin, ymax, xmax] in [0, 1], or None."""
-    pixel = pixel_boxes(boxes, height, width)
-    lo, hi = F32(spec.aspect_range[0]), F32(spec.aspect_range[1])
-    for attempt in range(spec.max_attempts):
-        u_aspect, u_height, u_y, u_x = (float(v) for v in uniforms[attempt])
-        aspect = F32(u_aspect) * (hi - lo) + lo
-        crop = _random_crop(width, height, spec, aspect, u_height, u_y, u_x)
-        if crop is not None and _covers(crop, pixel, spec.min_object_covered):
-            x0, y0, x1, y1 = crop
-            return y0, x0, y1 - y0, x1 - x0
-    return 0, 0, height, width  # no attempt succeeded: the whole image
+    """(y, x, h, w) of TF's crop of one height x width image: sample_windows for a batch of one."""
+    window = sample_windows([height], [width], spec, np.asarray(uniforms)[None], padded_boxes([boxes]))[0]
+    return int(window[0]), int(window[1]), int(window[2]), int(window[3])
 
 
 OBJECT_BOXES_INFO = "imgcls_object_boxes"  # a PIL image's info key for its record's object boxes (TF1)

@@ -9,7 +9,7 @@ Differences from NVIDIA's PyTorch code, each on purpose:
   TFRecord / WebDataset readers, whose records get a (shard, offset, stored label) key (records.py); either
   way the loader knows which samples each rank read.
 - data.train_crop=tf (NVIDIA's TF recipes): TF's sample_distorted_bounding_box chooses the window in Python
-  (tf_crop.sample_window, fed by DALI's own random numbers) and `fn.decoders.image_slice` decodes it. DALI's
+  (tf_crop.sample_windows, fed by DALI's own random numbers) and `fn.decoders.image_slice` decodes it. DALI's
   `fn.random_bbox_crop` is not that sampler: it draws each side's scale and checks the aspect afterwards, in
   relative coordinates, with thresholds tried per attempt and no whole-image fallback after the attempts.
 - val antialiases its resize (PIL does), so DALI and torchvision validate the same pixels.
@@ -40,7 +40,7 @@ from imgcls.data.dali.tf_autoaugment import tf_auto_augment, tf_v0_policy
 from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards.tfrecord import BOX_KEYS, IMAGE_KEY, LABEL_KEY
 from imgcls.data.shards.webdataset import IMAGE_EXTENSIONS, LABEL_EXTENSION
-from imgcls.data.tf_crop import UNIFORMS_PER_ATTEMPT, DistortedCrop, sample_window
+from imgcls.data.tf_crop import UNIFORMS_PER_ATTEMPT, DistortedCrop, padded_boxes, sample_windows
 from imgcls.errors import ConfigError
 
 READER = "Reader"  # the reader's name, for DALIGenericIterator(reader_name=...)
@@ -139,15 +139,32 @@ def _spec_values(spec: DistortedCrop) -> list[float]:
     return [*spec.area_range, *spec.aspect_range, spec.min_object_covered, spec.max_attempts]
 
 
-def tf_window(shape: np.ndarray, uniforms: np.ndarray, spec: np.ndarray, *boxes: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(anchor, shape) in pixels (H, W) of TF's crop of one image: tf_crop.sample_window. `spec`: the
-    DistortedCrop as _spec_values' numbers (a DALI constant: a module-level function takes no bound arguments
-    under conditionals); `boxes`: the record's ymin, xmin, ymax, xmax lists, or none (the whole image)."""
-    area_lo, area_hi, aspect_lo, aspect_hi, covered, attempts = (float(v) for v in spec)
+def tf_windows(
+    shapes: list[np.ndarray], uniforms: list[np.ndarray], specs: list[np.ndarray], *boxes: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(anchors, shapes) in pixels (H, W) of TF's crops of a batch: tf_crop.sample_windows, one call per batch
+    (a per-sample python_function is a call an image, each holding the GIL: docs/data-backends.md "TF crop").
+    `specs`: the DistortedCrop as _spec_values' numbers (a DALI constant: a module-level function takes no
+    bound arguments under conditionals); `boxes`: the records' ymin, xmin, ymax, xmax lists, or none (the
+    whole image)."""
+    area_lo, area_hi, aspect_lo, aspect_hi, covered, attempts = (float(v) for v in specs[0])
     crop = DistortedCrop((area_lo, area_hi), (aspect_lo, aspect_hi), covered, int(attempts))
-    object_boxes = np.stack([np.asarray(b, np.float32).reshape(-1) for b in boxes], axis=1) if boxes else None
-    y, x, h, w = sample_window(int(shape[0]), int(shape[1]), crop, uniforms, object_boxes)
-    return np.array([y, x], np.int32), np.array([h, w], np.int32)
+    sizes = np.stack(shapes)
+    windows = sample_windows(
+        sizes[:, 0], sizes[:, 1], crop, np.stack(uniforms), _record_boxes(boxes) if boxes else None
+    )
+    windows = windows.astype(np.int32)
+    return list(windows[:, :2]), list(windows[:, 2:])
+
+
+def _record_boxes(coordinates: tuple[list[np.ndarray], ...]) -> np.ndarray:
+    """(B, K, 4) [ymin, xmin, ymax, xmax] boxes from the records' four lists of coordinates, one array an image
+    each (tf_crop.padded_boxes: a record without boxes is the whole image)."""
+    counts = np.array([np.size(c) for c in coordinates[0]])
+    flat = np.stack([np.concatenate([np.asarray(c, np.float32).reshape(-1) for c in side]) for side in coordinates], 1)
+    if counts.min() == counts.max() > 0:  # every record with as many boxes: no padding
+        return flat.reshape(len(counts), int(counts[0]), 4)
+    return padded_boxes(np.split(flat, np.cumsum(counts)[:-1]))
 
 
 @dataclass(frozen=True)
@@ -291,7 +308,7 @@ def train_pipeline(
         uniforms = fn.random.uniform(range=[0.0, 1.0], shape=[tf_crop.max_attempts, UNIFORMS_PER_ATTEMPT])
         spec = types.Constant(np.array(_spec_values(tf_crop), np.float32))
         inputs = [fn.peek_image_shape(jpegs), uniforms, spec, *(boxes or [])]
-        anchor, extent = _many(fn.python_function(*inputs, function=tf_window, num_outputs=2))
+        anchor, extent = _many(fn.python_function(*inputs, function=tf_windows, num_outputs=2, batch_processing=True))
         images = fn.decoders.image_slice(
             jpegs, anchor, extent, axis_names="HW", normalized_anchor=False, normalized_shape=False, **decoder_args
         )
