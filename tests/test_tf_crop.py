@@ -306,20 +306,28 @@ def _boxed_records(root: Path) -> Path:
     return root
 
 
-def test_dali_reads_tf1s_object_boxes_from_the_records(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["dali_cpu", "torchvision"])
+def test_both_backends_read_tf1s_object_boxes_from_the_records(tmp_path: Path, backend: str) -> None:
     """TF1: every crop covers at least 10 % of the record's object box (red); with the whole image as the box
-    (train_crop_object_boxes=false, TF2) some crops hold no red at all."""
+    (train_crop_object_boxes=false, TF2) some crops hold no red at all. (The torchvision backend's shard reader
+    cropped against the whole image either way.)"""
     from imgcls.data.backends import make_backend
 
     root = _boxed_records(tmp_path / "records")
     red_share = {}
     for boxes in (True, False):
-        cfg = _dali_cfg(
-            root, "data.format=tfrecord", f"data.shard_cache={tmp_path / 'cache'}", "data.hflip=0",
-            "data.dali_train_resize=dali", f"data.train_crop_object_boxes={boxes}", "data.num_classes=1",
-        )  # fmt: skip
-        loader = make_backend(cfg).loader(LoaderSpec("train", 4))
-        images = torch.cat([next(iter(loader))[0] for _ in range(40)])
+        options = [
+            "data.format=tfrecord", f"data.shard_cache={tmp_path / 'cache'}", "data.hflip=0",
+            f"data.train_crop_object_boxes={boxes}", "data.num_classes=1",
+        ]  # fmt: skip
+        if backend == "dali_cpu":
+            cfg = _dali_cfg(root, *options, "data.dali_train_resize=dali")
+        else:
+            overrides = tiny_overrides(root, "data.backend=torchvision", "recipe=tf2_efficientnet", *options)
+            cfg = compose_config([*overrides, "recipe.augment=null", "data.num_workers=0"]).data
+        made = make_backend(cfg)
+        loader = made.loader(LoaderSpec("train", 4))
+        images = torch.cat([made.on_device(next(iter(loader)))[0] for _ in range(40)])
         red_share[boxes] = (images[:, 0] > images[:, 2]).float().mean(dim=(1, 2))
     assert red_share[True].min() > 0.01, red_share[True].min()
     assert (red_share[False] == 0).any()

@@ -52,6 +52,12 @@ def crop_spec(cfg: Any) -> DistortedCrop:
     )
 
 
+def uses_object_boxes(cfg: Any) -> bool:
+    """Whether a data config's train crop covers the records' object boxes (TF1: data.train_crop=tf with
+    data.train_crop_object_boxes) rather than the whole image."""
+    return cfg.get("train_crop") == "tf" and bool(cfg.get("train_crop_object_boxes"))
+
+
 def _rint(values: np.ndarray) -> np.ndarray:
     return np.rint(values).astype(np.int64)  # C's lrintf under the default rounding mode: half to even
 

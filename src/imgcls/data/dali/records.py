@@ -127,7 +127,7 @@ class ShardCatalog:
                     f.seek(offset)
                     (length,) = struct.unpack("<Q", f.read(8))
                     f.seek(4, os.SEEK_CUR)  # the length's checksum
-                    image, _, name = tfrecord.decode_example(f.read(length), path)
+                    image, _, name, _ = tfrecord.decode_example(f.read(length), path)
                 else:  # offset: the member's data, after its 512-byte tar header
                     f.seek(offset - tarfile.BLOCKSIZE)
                     member = tarfile.TarInfo.frombuf(f.read(tarfile.BLOCKSIZE), "utf-8", "surrogateescape")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgcls.data.augment import parse_randaugment
-from imgcls.data.tf_crop import DistortedCrop, crop_spec
+from imgcls.data.tf_crop import DistortedCrop, crop_spec, uses_object_boxes
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class DaliSettings:
             augment=cfg.augment,
             randaugment=(int(randaugment[0]), int(randaugment[1])),
             tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,
-            object_boxes=bool(cfg.get("train_crop_object_boxes")),
+            object_boxes=uses_object_boxes(cfg),
             train_resize=str(cfg.get("dali_train_resize") or "auto"),
             resize_threads=int(cfg.get("dali_resize_threads") or 1),  # 0 or 1: one thread
             host_prefetch=int(cfg.get("dali_host_prefetch", 1)),

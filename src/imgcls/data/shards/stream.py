@@ -39,8 +39,9 @@ from imgcls.data.bad_images import BadImage, BadImageLog, BadSample
 from imgcls.data.images import load_rgb
 from imgcls.data.shards import remote
 from imgcls.data.shards.epoch_assignment import epoch_assignment, loader_order
-from imgcls.data.shards.formats import read_records
+from imgcls.data.shards.formats import read_boxed_records
 from imgcls.data.shards.manifest import ShardSet
+from imgcls.data.tf_crop import OBJECT_BOXES_INFO
 from imgcls.data.torchvision.samplers import RankSampler
 from imgcls.errors import DataError, UserError
 from imgcls.seeding import seeded
@@ -114,7 +115,10 @@ class ShardRecords(Dataset):
         transform: Callable[[Any], Any],
         cache_dir: str | None,
         storage_options: dict[str, Any] | None = None,
+        object_boxes: bool = False,
     ) -> None:
+        """object_boxes: each image carries its record's object boxes to the transform (PIL info
+        tf_crop.OBJECT_BOXES_INFO: TF1's crop covers one of them); False: none (the crop's box is the image)."""
         shards = shard_set.splits[split]
         self.urls = [s.url for s in shards]
         self.offsets = [0, *np.cumsum([s.count for s in shards]).tolist()]
@@ -122,7 +126,8 @@ class ShardRecords(Dataset):
         self.label = shard_set.label  # stored label -> 0..N-1, or a DataError naming data.label_base
         self.transform = transform
         self.cache_dir, self.storage_options = cache_dir, dict(storage_options or {})
-        self._shard: tuple[int, list[tuple[bytes, int, str]]] | None = None
+        self.object_boxes = object_boxes
+        self._shard: tuple[int, list[tuple[bytes, int, str, np.ndarray | None]]] | None = None
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -131,7 +136,7 @@ class ShardRecords(Dataset):
         shard = bisect.bisect_right(self.offsets, sample_id) - 1
         return shard, sample_id - self.offsets[shard]
 
-    def records(self, shard: int) -> list[tuple[bytes, int, str]]:
+    def records(self, shard: int) -> list[tuple[bytes, int, str, np.ndarray | None]]:
         if self._shard is None or self._shard[0] != shard:
             self._shard = None  # the previous shard's bytes go before the next one is read
             url = self.urls[shard]
@@ -141,7 +146,7 @@ class ShardRecords(Dataset):
                     data = f.read()
             except OSError as exc:
                 raise DataError(f"cannot read shard {url}: {exc.strerror or type(exc).__name__}") from None
-            records = list(read_records(self.fmt, data, url))
+            records = list(read_boxed_records(self.fmt, data, url))
             expected = self.offsets[shard + 1] - self.offsets[shard]
             if len(records) != expected:
                 raise DataError(f"shard {url} holds {len(records)} records, its listing says {expected}")
@@ -154,7 +159,7 @@ class ShardRecords(Dataset):
             index, seed = index
         shard, position = self.locate(int(index))
         try:
-            encoded, stored, name = self.records(shard)[position]
+            encoded, stored, name, boxes = self.records(shard)[position]
         except UserError as exc:  # in a worker: comes back as a marker, raised in one line by the loader
             return Refused(self.urls[shard], str(exc))
         where = f"{self.urls[shard]}:{name}"
@@ -166,6 +171,8 @@ class ShardRecords(Dataset):
             image = load_rgb(io.BytesIO(encoded))  # PIL opens a file object as a path
         except BadImage as exc:
             return BadSample(where, str(exc))
+        if self.object_boxes and boxes is not None:
+            image.info[OBJECT_BOXES_INFO] = boxes
         if seed is None:
             return self.transform(image), label
         with seeded(seed):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import google_crc32c
+import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
@@ -112,8 +113,10 @@ def encode_example(
     return example.SerializeToString(deterministic=True)
 
 
-def decode_example(data: bytes, where: str = "") -> tuple[bytes, int, str | None]:
-    """(image bytes, stored label, image/filename or None) of a serialized tf.train.Example."""
+def decode_example(data: bytes, where: str = "") -> tuple[bytes, int, str | None, np.ndarray | None]:
+    """(image bytes, stored label, image/filename or None, object boxes or None) of a serialized
+    tf.train.Example. The boxes: (K, 4) float32 rows (ymin, xmin, ymax, xmax) relative to the image (BOX_KEYS;
+    coordinate lists of unequal lengths are cut to the shortest); None where the record has none."""
     example = _example_class()()
     try:
         example.ParseFromString(data)
@@ -127,7 +130,13 @@ def decode_example(data: bytes, where: str = "") -> tuple[bytes, int, str | None
     name = None
     if FILENAME_KEY in feature and feature[FILENAME_KEY].bytes_list.value:
         name = feature[FILENAME_KEY].bytes_list.value[0].decode(errors="replace")
-    return feature[IMAGE_KEY].bytes_list.value[0], int(feature[LABEL_KEY].int64_list.value[0]), name
+    boxes = None
+    if all(key in feature for key in BOX_KEYS):
+        sides = [feature[key].float_list.value for key in BOX_KEYS]
+        count = min(len(side) for side in sides)
+        if count:
+            boxes = np.array([list(side[:count]) for side in sides], np.float32).T
+    return feature[IMAGE_KEY].bytes_list.value[0], int(feature[LABEL_KEY].int64_list.value[0]), name, boxes
 
 
 # --- framing ----------------------------------------------------------------------------------------------

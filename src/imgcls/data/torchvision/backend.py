@@ -20,6 +20,7 @@ from imgcls.data.images import CheckedImageFolder
 from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
+from imgcls.data.tf_crop import uses_object_boxes
 from imgcls.data.torchvision.device_prefetch import copier_for
 from imgcls.data.torchvision.samplers import RankSampler, ResumableDataLoader
 from imgcls.data.transforms import train_transform, val_transform
@@ -98,6 +99,7 @@ class ShardBackend(TorchvisionBackend):
             transform,
             self.cfg.get("shard_cache"),  # null (an older checkpoint's config): remote.py says so for a URL
             OmegaConf.to_container(self.cfg.storage_options) if self.cfg.get("storage_options") else {},
+            object_boxes=split == "train" and uses_object_boxes(self.cfg),
         )
 
     def _sampler(self, dataset: Any, spec: LoaderSpec) -> ShardStreamSampler:
