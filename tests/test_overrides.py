@@ -74,6 +74,14 @@ def refused(command: str, *argv: str) -> str:
             " so a key inside it cannot be set; set expected itself, e.g. expected={top1:80}",
         ),
         ("train", ["experiment=resnet50_dgx2v_amp_250e", "+expected.top1=80"], "e.g. expected={top1:80}"),
+        # A SLURM sweep sized on the login node, where hardware=auto is still cpu's one device (each job asked for
+        # 1 task and 1 GPU).
+        (
+            "train",
+            ["-m", "hydra/launcher=slurm", "model=resnet50,resnet18"],
+            "hardware=auto with hydra/launcher=slurm: the launcher sizes each SLURM job here, before auto can see the "
+            "compute nodes' GPUs (each job would ask for 1 task and 1 GPU); name their profile: hardware=dgx1v|",
+        ),
         # Malformed overrides (Hydra's lexer errors), and a bare word: what it likely is.
         ("train", ["model=[a"], "cannot parse the override model=[a (no viable alternative at input '[a')"),
         ("train", ["data.batch_size==3"], "cannot parse the override data.batch_size==3 (extraneous input '=')"),
@@ -119,6 +127,7 @@ def test_a_checkpoint_path_without_its_key(tmp_path: Path) -> None:
         ("train", ["-m", "model=glob(resnet1*)", "seed=range(1,3)"]),
         ("train", ["hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=2"]),
         ("train", ["hydra/launcher=slurm", "hardware=dgxa100", "trainer.num_nodes=2"]),
+        ("train", ["-m", "hydra/launcher=slurm", "hardware=dgxa100", "model=resnet50,resnet18"]),
         ("train", ["~experiment", "debug=tiny", "trainer.strategy=ddp_spawn"]),
         ("train", ["--help"]),  # Hydra's own output
         ("classify", ["ckpt=x.onnx", "images=[a.jpg,'b c.jpg']", "json=true", "model=resnet50"]),

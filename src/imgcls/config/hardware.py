@@ -19,7 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from imgcls.config.compose import compose_config
+from imgcls.config.compose import compose_config, options
+from imgcls.errors import ConfigError
 from imgcls.typed_config import merge, to_dict
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,19 @@ _TABLE_OF = {
     "dgx1v_32g": "NVIDIA's batch table for V100 32GB (DGX-1)",
     "t4": "NVIDIA's batch table for T4 16GB",
 }
+
+
+def refuse_auto_on_a_cluster_launcher(cfg: DictConfig) -> None:
+    """A sweep through a launcher that sizes cluster jobs (hydra/launcher=slurm) with hardware=auto: the launcher
+    reads trainer.devices and hardware.num_workers on the submitting node, before any job starts, where auto is
+    still cpu's values, so every job would ask SLURM for one task and one GPU. One line naming the profile to set."""
+    if cfg.hardware.get("name") != AUTO or "SlurmLauncher" not in str(cfg.hydra.launcher.get("_target_", "")):
+        return
+    profiles = "|".join(p for p in options("hardware") if p not in (AUTO, "cpu"))
+    raise ConfigError(
+        "hardware=auto with hydra/launcher=slurm: the launcher sizes each SLURM job here, before auto can see the "
+        f"compute nodes' GPUs (each job would ask for 1 task and 1 GPU); name their profile: hardware={profiles}"
+    )
 
 
 def hardware_for(gpu_name: str, memory_gib: float) -> str:

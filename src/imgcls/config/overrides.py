@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from imgcls.config.checks import OPEN, Check
 from imgcls.config.choices import IMGCLS_TRAINER_ARGS
 from imgcls.config.compose import CONF_DIR, options
+from imgcls.config.hardware import refuse_auto_on_a_cluster_launcher
 from imgcls.errors import ConfigError
 
 # The config groups whose choices are checked before composing (train.yaml's defaults list).
@@ -80,6 +81,8 @@ def check_command_line(config_name: str, argv: list[str], table: dict[str, Check
         cfg = _compose(config_name, _jobs((o for o in parsed if o not in additions), multirun))
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_composition_error(config_name, parsed, exc, table, multirun)) from None
+    if multirun:
+        refuse_auto_on_a_cluster_launcher(cfg)
     for override in additions:
         if (whole := _set_whole(cfg, override)) is not None:
             raise ConfigError(whole)
