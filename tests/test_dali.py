@@ -74,7 +74,7 @@ def test_labels_identical_to_imagefolder(tmp_path: Path) -> None:
     # Train is shuffled: each image must still carry its own class's label.
     images, labels = epoch(backend.loader(LoaderSpec("train", 4)))
     assert sorted(labels.tolist()) == sorted(ImageFolder(str(root / "train")).targets)
-    red = images[:, 0].mean(dim=(1, 2)) * 0.229 + 0.485  # undo normalization: red in 0..1
+    red = images[:, 0].float().mean(dim=(1, 2)) / 255  # dali_cpu's batches are uint8: red in 0..1
     class_of_red = {reference.class_to_idx[n]: 60 * k + 10 for k, n in enumerate(["b", "a2", "a10", "C"])}
     expected = torch.tensor([class_of_red[int(y)] / 255 for y in labels])
     assert torch.allclose(red, expected, atol=0.02)
@@ -101,6 +101,7 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
 
     from imgcls.data.dali.pipelines import READER, FolderSource, val_pipeline
     from imgcls.data.dali.settings import DaliSettings
+    from imgcls.data.device_normalize import DeviceNormalize
     from imgcls.data.transforms import val_transform
 
     files = _photos(tmp_path_factory)
@@ -116,7 +117,7 @@ def test_val_pipeline_matches_torchvision(tmp_path_factory: pytest.TempPathFacto
     iterator = DALIGenericIterator(
         pipe, ["data", "index", "bad"], reader_name=READER, last_batch_policy=LastBatchPolicy.PARTIAL
     )
-    dali = torch.cat([batch[0]["data"].clone() for batch in iterator])
+    dali = DeviceNormalize(cfg.mean, cfg.std)(torch.cat([batch[0]["data"].clone() for batch in iterator]))
     assert dali.shape == reference.shape == (len(files), 3, 224, 224)
     diff = (dali - reference).abs()
     assert diff.mean() < 0.01, f"mean |diff| {diff.mean():.4f}"
@@ -170,8 +171,9 @@ def test_host_resize_matches_dali_resize(tmp_path_factory: pytest.TempPathFactor
     batches = {}
     for resize in ("torch", "dali"):
         cfg = data_cfg(root, f"data.dali_train_resize={resize}", "model.image_size=224")
-        loader = make_backend(cfg).loader(LoaderSpec("train", 8, seed=5))
-        batches[resize] = [(x.clone(), y) for x, y in loader]
+        backend = make_backend(cfg)
+        loader = backend.loader(LoaderSpec("train", 8, seed=5))
+        batches[resize] = [(backend.on_device((x.clone(), y))[0], y) for x, y in loader]
     torch_images, dali_images = (torch.cat([x for x, _ in batches[k]]) for k in ("torch", "dali"))
     assert torch_images.shape == dali_images.shape == (16, 3, 224, 224)
     diff = (torch_images - dali_images).abs()
@@ -417,18 +419,20 @@ def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("split,resize", [("val", "dali"), ("train", "dali"), ("train", "torch")])
 def test_channels_last_and_fp16_outputs(folder: Path, split: str, resize: str) -> None:
+    """dali_cpu's batches leave the loader as uint8 (a quarter of float32's bytes to hold and copy) and are made
+    float, or fp16 with data.dali_fp16, normalized and channels_last on the training device (on_device)."""
     extra = f"data.dali_train_resize={resize}"
-    plain = make_backend(data_cfg(folder, extra)).loader(LoaderSpec(split, 4))
-    nhwc = make_backend(data_cfg(folder, extra, "precision.channels_last=true", "data.dali_fp16=true")).loader(
-        LoaderSpec(split, 4, 0, 1, 0)
-    )
-    x, _ = next(iter(plain))
-    y, _ = next(iter(nhwc))
-    assert y.dtype == torch.float16 and y.shape == x.shape == (4, 3, 32, 32)
-    # DALI's CMN writes NHWC for channels_last models; the torch resize writes NCHW (dali_host.py), and
-    # the module converts on the device.
-    assert y.is_contiguous(memory_format=torch.channels_last if resize == "dali" else torch.contiguous_format)
-    assert torch.allclose(y.float(), x, atol=0.02)  # same seed: the same crops, flips and pixels
+    plain_backend = make_backend(data_cfg(folder, extra))
+    nhwc_backend = make_backend(data_cfg(folder, extra, "precision.channels_last=true", "data.dali_fp16=true"))
+    raw_x, _ = next(iter(plain_backend.loader(LoaderSpec(split, 4))))
+    raw_y, _ = next(iter(nhwc_backend.loader(LoaderSpec(split, 4, 0, 1, 0))))
+    assert raw_x.dtype == raw_y.dtype == torch.uint8 and torch.equal(raw_x, raw_y)  # same seed: same pixels
+    # DALI's CMN writes NHWC for channels_last models; the torch resize writes NCHW (host_resize.py).
+    assert raw_y.is_contiguous(memory_format=torch.channels_last if resize == "dali" else torch.contiguous_format)
+    (x, _), (y, _) = plain_backend.on_device((raw_x, None)), nhwc_backend.on_device((raw_y, None))
+    assert x.dtype == torch.float32 and y.dtype == torch.float16 and y.shape == x.shape == (4, 3, 32, 32)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(y.float(), x, atol=0.02)
 
 
 @pytest.mark.slow

@@ -65,8 +65,9 @@ def test_dali_val_pipeline_resizes_like_torchvision(
         return real(**kwargs)
 
     monkeypatch.setattr(dali_backend, "val_pipeline", recording)
-    loader = make_backend(cfg.data).loader(LoaderSpec("val", 4))
-    dali = torch.cat([batch[0].float().cpu() for batch in loader])
+    backend = make_backend(cfg.data)
+    loader = backend.loader(LoaderSpec("val", 4))
+    dali = torch.cat([backend.on_device(batch)[0].float().cpu() for batch in loader])
     assert seen == [resize] and dali.shape == (4, 3, size, size)
     transform = val_transform(cfg.data)
     files = sorted((root / "val").rglob("*.jpg"))

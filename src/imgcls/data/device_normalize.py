@@ -2,7 +2,8 @@
 
 NVIDIA's PyTorch loader does the same (image_classification/dataloaders.py: `fast_collate` to uint8, then
 `PrefetchedWrapper` normalizes on the GPU), and so does timm's PrefetchLoader: a float32 batch made in the
-workers is 4x the bytes to collate, pin and copy, for arithmetic the GPU does in microseconds. DALI and
+workers is 4x the bytes to collate, pin and copy, for arithmetic the GPU does in microseconds. dali_cpu's
+batches are uint8 too (NVIDIA's dali-cpu pipeline also copies uint8 and normalizes on the GPU); dali_gpu's and
 synthetic batches arrive normalized on the device already and pass through unchanged.
 """
 
@@ -14,7 +15,7 @@ import torch
 
 
 class DeviceNormalize:
-    """(uint8 NCHW images) -> float32 (x / 255 - mean) / std, channels_last when the network runs it.
+    """(uint8 NCHW images) -> float32 (or `dtype`) (x / 255 - mean) / std, channels_last when the network runs it.
 
     One kernel: addcmul(-mean / std, x, 1 / (255 std)) reads the uint8 batch and writes the float one (type
     promotion does the conversion), where convert-subtract-divide would pass over the float batch three times.
@@ -22,11 +23,17 @@ class DeviceNormalize:
     uint8 batch, a quarter of the bytes, and the output follows it. The constants are copied to each device once
     (a copy from pageable memory waits for the device's queue)."""
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], channels_last: bool = False) -> None:
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        channels_last: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         mean_t = torch.tensor([float(m) for m in mean], dtype=torch.float64).view(1, -1, 1, 1)
         std_t = torch.tensor([float(s) for s in std], dtype=torch.float64).view(1, -1, 1, 1)
-        self.shift = (-mean_t / std_t).float()
-        self.scale = (1.0 / (255.0 * std_t)).float()
+        self.shift = (-mean_t / std_t).to(dtype)
+        self.scale = (1.0 / (255.0 * std_t)).to(dtype)
         self.channels_last = bool(channels_last)
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -46,6 +46,7 @@ from imgcls.data.dali.loader import Catalog, DaliLoader, reader_error, ring_slot
 from imgcls.data.dali.pipelines import FolderSource, ShardSource, interp_type, train_pipeline, val_pipeline
 from imgcls.data.dali.records import ShardCatalog, shuffle_fill
 from imgcls.data.dali.settings import DaliSettings
+from imgcls.data.device_normalize import DeviceNormalize
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.protocol import LoaderSpec
@@ -71,6 +72,9 @@ class DaliBackend:
         interp_type(str(cfg.interpolation))  # fail early on an interpolation DALI lacks
         # What the pipelines and the loader read of the config, once; a test may replace it (with_crop_shape).
         self.settings = DaliSettings.from_config(cfg, gpu=device == "gpu")
+        settings = self.settings
+        dtype = torch.float16 if settings.fp16 else torch.float32
+        self.normalize = DeviceNormalize(settings.mean, settings.std, settings.channels_last, dtype)
         self.format = str(cfg.get("format") or "folder")
         if self.format == "folder":
             self.shards = None
@@ -88,7 +92,9 @@ class DaliBackend:
         return self.settings.gpu
 
     def on_device(self, batch: Any) -> Any:
-        return batch  # normalized by the pipeline (CMN) or the torch resize already
+        """dali_cpu's uint8 batches normalized on their device (pipelines._finish); dali_gpu's, normalized by CMN
+        on the GPU, pass through."""
+        return (self.normalize(batch[0]), *batch[1:])
 
     def files(self, split: str) -> FileList | ShardCatalog:
         """A folder: the split's files and classes in ImageFolder's order (the same walk, so the same labels).
@@ -222,9 +228,6 @@ class DaliBackend:
                 size,
                 settings.interpolation,
                 antialias=settings.antialias,
-                mean=settings.mean,
-                std=settings.std,
-                fp16=settings.fp16,
                 pin_memory=settings.pin_memory,
                 threads=settings.resize_threads,
                 ring=BatchRing(ring_slots(settings.host_prefetch)),  # as many as the loader's queue keeps alive

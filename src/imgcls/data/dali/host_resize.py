@@ -1,5 +1,6 @@
 """dali_cpu's train resize on the host: DALI reads its rank's part, shuffles, ROI-decodes the random crop and
-draws the flips; torch resizes each uint8 crop to the training size, flips and normalizes.
+draws the flips; torch resizes each uint8 crop to the training size and flips it into a uint8 batch (normalized
+on the training device, as every dali_cpu batch: pipelines._finish).
 
 Why not `fn.resize`: on the CPU, DALI's resampler is the most expensive stage of the pipeline, and torch's
 uint8 resize kernels (AVX2, channels_last) do the same bilinear resize in well under half its time
@@ -45,16 +46,13 @@ def resize_on_host(choice: str, gpu: bool, augment: str | None, interpolation: s
 
 
 class HostResize:
-    """Variable-size uint8 HWC crops -> one normalized (N, 3, size, size) batch."""
+    """Variable-size uint8 HWC crops -> one uint8 (N, 3, size, size) batch."""
 
     def __init__(
         self,
         size: int,
         interpolation: str,
         antialias: bool,
-        mean: Sequence[float],
-        std: Sequence[float],
-        fp16: bool = False,
         pin_memory: bool = False,
         threads: int = 1,
         ring: BatchRing | None = None,
@@ -67,10 +65,6 @@ class HostResize:
         mode = interpolation  # HOST_RESIZE_MODES: data.interpolation names that are F.interpolate's modes
         # torch antialiases only the bilinear/bicubic modes (it refuses antialias=True for nearest)
         self.resize_args: dict[str, Any] = {"mode": mode, "antialias": bool(antialias) and mode != "nearest"}
-        self.dtype = torch.float16 if fp16 else torch.float32
-        # x * (1/std) + (-mean/std): one multiply-add per value, in 0-255 units like CMN.
-        self.scale = (1.0 / (torch.tensor(std) * 255)).view(3, 1, 1).to(self.dtype)
-        self.shift = (-torch.tensor(mean) / torch.tensor(std)).view(3, 1, 1).to(self.dtype)
         # Pinned batches come from CUDA's caching host allocator, which also reuses them safely (it waits for
         # the copies to the GPU): no ring. Without a ring, every batch is new memory.
         self.pin_memory = pin_memory and torch.cuda.is_available()
@@ -82,9 +76,9 @@ class HostResize:
         size = self.size
         shape = (len(crops), 3, size, size)
         if self.ring is not None:
-            batch = self.ring.take(shape, self.dtype)
+            batch = self.ring.take(shape, torch.uint8)
         else:
-            batch = torch.empty(shape, dtype=self.dtype, pin_memory=self.pin_memory)
+            batch = torch.empty(shape, dtype=torch.uint8, pin_memory=self.pin_memory)
         flips = mirror.reshape(-1).tolist()
         if self.pool is None:
             self._fill(batch, crops, flips, range(len(crops)))
@@ -100,5 +94,4 @@ class HostResize:
             image = F.interpolate(image, size=(size, size), **self.resize_args)[0]
             if flips[i]:
                 image = image.flip(-1)
-            # Normalized one image at a time, while it is still in cache.
-            batch[i].copy_(image).mul_(self.scale).add_(self.shift)
+            batch[i].copy_(image)

@@ -78,17 +78,21 @@ def interp_type(name: str) -> Any:
     return INTERPOLATION[name]
 
 
-def _normalize(
-    images: Any, mirror: Any, mean: Sequence[float], std: Sequence[float], layout: str, fp16: bool, **crop: Any
-) -> Any:
+def _finish(images: Any, mirror: Any, settings: DaliSettings) -> Any:
+    """The batch as it leaves the pipeline, in settings.layout, flipped where `mirror` says. dali_gpu: normalized
+    float (or fp16) by CMN on the GPU, as NVIDIA's pipelines. dali_cpu: uint8, normalized on the training device
+    (DaliBackend.on_device, data/device_normalize.py), as NVIDIA's dali-cpu pipeline (CMN on the GPU after
+    `.gpu()`): a float32 batch made on the host is 4x the bytes to make, hold and copy, and host cores are what
+    dali_cpu runs short of."""
+    if not settings.gpu:
+        return fn.crop_mirror_normalize(images, dtype=DALIDataType.UINT8, output_layout=settings.layout, mirror=mirror)
     # CMN takes 0-255 statistics (NVIDIA multiplies the ImageNet constants by 255 too).
     return fn.crop_mirror_normalize(
         images,
-        **crop,
-        dtype=DALIDataType.FLOAT16 if fp16 else DALIDataType.FLOAT,
-        output_layout=layout,
-        mean=[m * 255 for m in mean],
-        std=[s * 255 for s in std],
+        dtype=DALIDataType.FLOAT16 if settings.fp16 else DALIDataType.FLOAT,
+        output_layout=settings.layout,
+        mean=[m * 255 for m in settings.mean],
+        std=[s * 255 for s in settings.std],
         mirror=mirror,
     )
 
@@ -338,7 +342,7 @@ def train_pipeline(
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
         images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=(size, size))
-    images = _normalize(images, mirror, settings.mean, settings.std, settings.layout, settings.fp16)
+    images = _finish(images, mirror, settings)
     if settings.with_crop_shape:
         return images, index, bad, crop_shape
     return images, index, bad
@@ -376,7 +380,7 @@ def val_pipeline(
     )
     anchor = fn.stack(_half_to_even(new_h - size), _half_to_even(new_w - size))
     images = fn.slice(images, start=anchor, shape=[size, size], axis_names="HW")
-    return _normalize(images, 0, settings.mean, settings.std, settings.layout, settings.fp16), index, bad
+    return _finish(images, 0, settings), index, bad
 
 
 def _half_to_even(diff: Any) -> Any:
