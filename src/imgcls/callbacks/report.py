@@ -4,7 +4,9 @@ call, mostly empty cells).
 
 NVIDIA's DLLogger report names (IC/logger.py): train.loss, train.total_ips, train.compute_ips,
 train.data_time, train.compute_time, train.lr, val.loss, val.top1, val.top5, val.total_ips,
-val.compute_ips. Percentages stay 0-100. The same values go to every Lightning logger.
+val.compute_ips. Percentages stay 0-100. The same values go to every Lightning logger. Its epochs count from 0, as
+NVIDIA's report does (PYT main.py: Logger(start_epoch=start_epoch - 1), and logger.py's start_epoch adds 1 before
+the first epoch); summary.csv, the epoch lines and a sweep's results table count from 1, as a reader does.
 report.json also has the best epoch (`best`, numbered as its rows are), the run's wall time (`wall_time_s`, over
 every invocation of a resumed run) and the command of its latest invocation (`command`).
 The report's rows travel in the checkpoint (callback state), so a resumed run continues the report
