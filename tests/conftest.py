@@ -239,6 +239,18 @@ def clean_env() -> dict[str, str]:
     return {**env, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
 
 
+def run_two_gloo_ranks(script: Path, outputs: list[Path], timeout: float) -> None:
+    """SCRIPT OUTPUT as ranks 0 and 1 of a gloo world of two (MASTER_ADDR/PORT, WORLD_SIZE, RANK set), each with its
+    own output path; both must exit 0 within TIMEOUT seconds."""
+    from tests import warm_python
+
+    env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    procs = [warm_python.start([script, out], {"RANK": str(rank)}, base_env=env) for rank, out in enumerate(outputs)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-3000:]
+
+
 # The longest tests (minutes on 2 cores; docs/testing.md lists the slowest) start first, then the other slow ones,
 # then the quick ones. `make test` runs pytest-xdist with --dist loadfile (a file's tests on one worker, so its
 # module-scoped runs are made once), which hands out the files in the order of their first test here: the files

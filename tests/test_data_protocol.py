@@ -132,17 +132,12 @@ def test_a_dali_loader_state_holds_every_rank_position(tmp_path: Path) -> None:
     on both, and rank 0's state resumes each rank at its own next batch (the ranks read different samples)."""
     if importlib.util.find_spec("nvidia.dali") is None:
         pytest.skip("nvidia.dali is not installed")
-    from tests import warm_python
-    from tests.conftest import ROOT, clean_env, free_port
+    from tests.conftest import ROOT, run_two_gloo_ranks
 
     root = make_image_folder(tmp_path / "data", classes=3, train_per_class=8, val_per_class=2)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.format(repo=str(ROOT), root=str(root)))
-    env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    procs = [warm_python.start([script, tmp_path / f"rank{r}.pickle"], {"RANK": str(r)}, base_env=env) for r in (0, 1)]
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-3000:]
+    run_two_gloo_ranks(script, [tmp_path / f"rank{r}.pickle" for r in (0, 1)], timeout=180)
     rows = [pickle.loads((tmp_path / f"rank{r}.pickle").read_bytes()) for r in (0, 1)]
     assert rows[0]["state"] == rows[1]["state"]
     positions = rows[0]["state"]["positions"]

@@ -392,19 +392,14 @@ def test_one_rank_lists_the_folder_and_the_others_receive_it(tmp_path: Path, bac
     of their own. A failure of the walk reaches every rank as the same one-line error instead of a hang.
     torchvision: its dataset reads the received list (before, every rank's ImageFolder walked the tree)."""
     from imgcls.data.file_list import FileList
-    from tests import warm_python
-    from tests.conftest import ROOT, clean_env, free_port
+    from tests.conftest import ROOT, run_two_gloo_ranks
 
     root = make_image_folder(tmp_path / "data", classes=3, train_per_class=5, val_per_class=1)
     for image in (root / "val" / "class_1").iterdir():  # a val class folder without images: the walk's error
         image.unlink()
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.format(repo=str(ROOT), root=str(root), backend=backend))
-    env = {**clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    procs = [warm_python.start([script, tmp_path / f"rank{r}.json"], {"RANK": str(r)}, base_env=env) for r in (0, 1)]
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-3000:]
+    run_two_gloo_ranks(script, [tmp_path / f"rank{r}.json" for r in (0, 1)], timeout=120)
     rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert rows[0]["walks"] == [str(root / "train"), str(root / "val")] and rows[1]["walks"] == []
     mine = FileList(root / "train", ["class_0", "class_1", "class_2"])
