@@ -109,6 +109,32 @@ def test_a_batch_of_windows_is_tfs_attempt_loop_image_by_image() -> None:
     assert checked > 1000 and 0.05 < fallbacks / checked < 0.9  # both ways of ending are exercised
 
 
+def test_the_pipelines_window_step_reads_records_boxes_as_the_torchvision_reader_does() -> None:
+    """pipelines.tf_windows takes DALI's four coordinate lists a record: a record without boxes is the whole
+    image, one whose lists differ in length keeps as many boxes as its shortest list (tfrecord.decode_example)."""
+    pytest.importorskip("nvidia.dali")
+    from imgcls.data.dali.pipelines import crop_spec_values, tf_windows
+
+    rng = np.random.default_rng(3)
+    boxes = [
+        np.array([[0.1, 0.1, 0.3, 0.2], [0.5, 0.6, 0.9, 0.95]], np.float32),
+        None,
+        np.array([[0.0, 0.7, 0.2, 0.9]]),
+    ]
+    sides = [
+        [np.asarray(b[:, k], np.float32) if b is not None else np.zeros(0, np.float32) for b in boxes] for k in range(4)
+    ]
+    sides[3][0] = np.append(sides[3][0], 0.99).astype(np.float32)  # xmax lists a third box: cut to two
+    shapes = [np.array([300, 400, 3]), np.array([200, 250, 3]), np.array([500, 375, 3])]
+    spec = np.array(crop_spec_values(NVIDIA), np.float32)
+    for _ in range(50):
+        uniforms = [rng.random((100, 4), dtype=np.float32) for _ in shapes]
+        anchors, extents = tf_windows(shapes, uniforms, [spec] * 3, *sides)
+        for i, (shape, u) in enumerate(zip(shapes, uniforms)):
+            expected = sample_window(int(shape[0]), int(shape[1]), NVIDIA, u, boxes[i])
+            assert (*anchors[i].tolist(), *extents[i].tolist()) == expected
+
+
 def test_whole_image_box_rejects_every_crop_under_a_tenth_of_the_image() -> None:
     """TF2 passes the whole image as the box: area_range's 5 % is never reached, 10 % is the floor. The crop's
     height is uniform between the smallest and largest allowed heights, so areas pile up at the low end."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from imgcls.data.dali.pipelines import _many, _spec_values, tf_windows
+from imgcls.data.dali.pipelines import _many, crop_spec_values, tf_windows
 from imgcls.data.tf_crop import UNIFORMS_PER_ATTEMPT, DistortedCrop, sample_window
 
 IMAGE_SHAPE = (375, 500, 3)  # the median ImageNet photo
@@ -53,7 +53,7 @@ def _pipeline(batch_size: int, way: str, boxed: bool) -> Any:
         inputs = [
             types.Constant(np.array(IMAGE_SHAPE, np.int64)),
             uniforms,
-            types.Constant(np.array(_spec_values(spec), np.float32)),
+            types.Constant(np.array(crop_spec_values(spec), np.float32)),
         ]
         inputs += [types.Constant(np.array(b, np.float32)) for b in BOXES] if boxed else []
         if way == "batch":

@@ -139,7 +139,7 @@ def check_webdataset(
     return files, records.webdataset_keys(infos, cls), flags
 
 
-def _spec_values(spec: DistortedCrop) -> list[float]:
+def crop_spec_values(spec: DistortedCrop) -> list[float]:
     return [*spec.area_range, *spec.aspect_range, spec.min_object_covered, spec.max_attempts]
 
 
@@ -148,7 +148,7 @@ def tf_windows(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(anchors, shapes) in pixels (H, W) of TF's crops of a batch: tf_crop.sample_windows, one call per batch
     (a per-sample python_function is a call an image, each holding the GIL: docs/data-backends.md "TF crop").
-    `specs`: the DistortedCrop as _spec_values' numbers (a DALI constant: a module-level function takes no
+    `specs`: the DistortedCrop as crop_spec_values' numbers (a DALI constant: a module-level function takes no
     bound arguments under conditionals); `boxes`: the records' ymin, xmin, ymax, xmax lists, or none (the
     whole image)."""
     area_lo, area_hi, aspect_lo, aspect_hi, covered, attempts = (float(v) for v in specs[0])
@@ -163,12 +163,16 @@ def tf_windows(
 
 def _record_boxes(coordinates: tuple[list[np.ndarray], ...]) -> np.ndarray:
     """(B, K, 4) [ymin, xmin, ymax, xmax] boxes from the records' four lists of coordinates, one array an image
-    each (tf_crop.padded_boxes: a record without boxes is the whole image)."""
-    counts = np.array([np.size(c) for c in coordinates[0]])
-    flat = np.stack([np.concatenate([np.asarray(c, np.float32).reshape(-1) for c in side]) for side in coordinates], 1)
-    if counts.min() == counts.max() > 0:  # every record with as many boxes: no padding
-        return flat.reshape(len(counts), int(counts[0]), 4)
-    return padded_boxes(np.split(flat, np.cumsum(counts)[:-1]))
+    each (tf_crop.padded_boxes: a record without boxes is the whole image). A record whose four lists differ in
+    length keeps as many boxes as its shortest list, as the torchvision backend's reader (tfrecord.decode_example)."""
+    sides = [[np.asarray(c, np.float32).reshape(-1) for c in side] for side in coordinates]
+    sizes = np.array([[len(c) for c in side] for side in sides])  # (4, B)
+    counts = sizes.min(axis=0)
+    if (sizes == counts).all() and counts.min() == counts.max() > 0:  # as many boxes in every record: no padding
+        return np.stack([np.concatenate(side) for side in sides], 1).reshape(len(counts), int(counts[0]), 4)
+    return padded_boxes(
+        [np.stack([side[i][:n] for side in sides], 1) if n else None for i, n in enumerate(counts.tolist())]
+    )
 
 
 @dataclass(frozen=True)
@@ -310,7 +314,7 @@ def train_pipeline(
         # TF's random numbers come from DALI (seeded with the pipeline, in its checkpoints); the window is
         # chosen in Python from the encoded image's size, and only that window is decoded.
         uniforms = fn.random.uniform(range=[0.0, 1.0], shape=[tf_crop.max_attempts, UNIFORMS_PER_ATTEMPT])
-        spec = types.Constant(np.array(_spec_values(tf_crop), np.float32))
+        spec = types.Constant(np.array(crop_spec_values(tf_crop), np.float32))
         inputs = [fn.peek_image_shape(jpegs), uniforms, spec, *(boxes or [])]
         anchor, extent = _many(fn.python_function(*inputs, function=tf_windows, num_outputs=2, batch_processing=True))
         images = fn.decoders.image_slice(
