@@ -353,10 +353,52 @@ def test_both_backends_read_tf1s_object_boxes_from_the_records(tmp_path: Path, b
             cfg = compose_config([*overrides, "recipe.augment=null", "data.num_workers=0"]).data
         made = make_backend(cfg)
         loader = made.loader(LoaderSpec("train", 4))
-        images = torch.cat([made.on_device(next(iter(loader)))[0] for _ in range(40)])
+        batches = []
+        for epoch in range(40):  # one batch an epoch; each epoch draws new crops (DALI: a new pipeline epoch)
+            if hasattr(loader, "sampler"):
+                loader.sampler.set_epoch(epoch)  # as Lightning does for the torchvision loader
+            batches.append(made.on_device(next(iter(loader)))[0])
+        images = torch.cat(batches)
+        assert len({tuple(b.flatten()[:64].tolist()) for b in batches}) > 20  # 40 epochs, not one batch again
         red_share[boxes] = (images[:, 0] > images[:, 2]).float().mean(dim=(1, 2))
     assert red_share[True].min() > 0.01, red_share[True].min()
     assert (red_share[False] == 0).any()
+
+
+@pytest.mark.parametrize("lists", ["empty", "missing"])
+def test_dali_crops_records_without_object_boxes_against_the_whole_image(tmp_path: Path, lists: str) -> None:
+    """TF1 recipe (object boxes on) over records without boxes: imgcls's converter writes empty box lists, as
+    TF1's build_imagenet_data.py; records from elsewhere may leave the lists out, which DALI's reader returns as
+    its scalar default. Either way the crop is TF's against the whole image, not the whole image every time
+    (missing lists made one box without pixels, so every attempt failed)."""
+    from imgcls.data.backends import make_backend
+    from imgcls.data.shards.tfrecord import BOX_KEYS, _example_class, encode_example, write_record
+
+    root = tmp_path / "records"
+    root.mkdir()
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray(np.full((300, 400, 3), 90, np.uint8)).save(photo, quality=95)
+    record = encode_example(photo.read_bytes(), 1, "0.jpg")
+    if lists == "missing":
+        example = _example_class()()
+        example.ParseFromString(record)
+        for key in BOX_KEYS:
+            del example.features.feature[key]
+        record = example.SerializeToString(deterministic=True)
+    for split in ("train", "validation"):
+        with open(root / f"{split}-00000-of-00001", "wb") as out:
+            for _ in range(4):
+                write_record(out, record)
+    cfg = _dali_cfg(
+        root, "data.format=tfrecord", f"data.shard_cache={tmp_path / 'cache'}", "data.dali_train_resize=dali",
+        "data.train_crop_object_boxes=true", "data.num_classes=1",
+    )  # fmt: skip
+    backend = make_backend(cfg)
+    backend.settings = replace(backend.settings, with_crop_shape=True)  # the crops' shapes as an output
+    loader = backend.loader(LoaderSpec("train", 4))
+    shapes = torch.cat([next(iter(loader))[2] for _ in range(10)])
+    whole = (shapes[:, 0] == 300) & (shapes[:, 1] == 400)
+    assert whole.float().mean() < 0.5, shapes[:8].tolist()  # TF's fallback is rare with the whole image as the box
 
 
 def test_dalis_one_call_a_batch_chooses_the_windows_of_one_call_an_image() -> None:

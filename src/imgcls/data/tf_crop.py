@@ -121,7 +121,7 @@ def pixel_boxes(boxes: np.ndarray, heights: np.ndarray, widths: np.ndarray) -> n
     """Object boxes [ymin, xmin, ymax, xmax] relative to the image, (B, K, 4) -> TF's integer pixel boxes
     (x0, y0, x1, y1): static_cast<int32>(coordinate x size); heights, widths (B, 1). TF refuses coordinates
     outside [0, 1]; they are clipped here, so a record with a slightly wrong box still trains."""
-    rel = np.clip(boxes.astype(F32), 0, 1)
+    rel = np.clip(np.nan_to_num(boxes.astype(F32)), 0, 1)  # TF refuses NaN; here such a box has no pixels
     w, h = widths.astype(F32), heights.astype(F32)
     return np.stack([rel[..., 1] * w, rel[..., 0] * h, rel[..., 3] * w, rel[..., 2] * h], axis=-1).astype(np.int64)
 

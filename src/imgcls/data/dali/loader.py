@@ -80,6 +80,11 @@ def reader_error(exc: BaseException) -> BaseException:
         return exc
     reason = text.split("encountered:", 1)[1].split("C++ context:", 1)[0]
     reason = " ".join(reason.split()).removeprefix("Assert on ").strip()
+    if "same dimensionality" in reason:  # the only variable-length features read are TF1's object boxes
+        reason += (
+            " (some records have image/object/bbox/* lists and some none: with data.train_crop_object_boxes=true "
+            "every record needs them, empty where it has no box, as TF1's build_imagenet_data.py writes them)"
+        )
     return DataError(f"DALI could not read the data: {reason}")
 
 

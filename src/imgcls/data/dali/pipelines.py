@@ -164,8 +164,10 @@ def tf_windows(
 def _record_boxes(coordinates: tuple[list[np.ndarray], ...]) -> np.ndarray:
     """(B, K, 4) [ymin, xmin, ymax, xmax] boxes from the records' four lists of coordinates, one array an image
     each (tf_crop.padded_boxes: a record without boxes is the whole image). A record whose four lists differ in
-    length keeps as many boxes as its shortest list, as the torchvision backend's reader (tfrecord.decode_example)."""
-    sides = [[np.asarray(c, np.float32).reshape(-1) for c in side] for side in coordinates]
+    length keeps as many boxes as its shortest list, as the torchvision backend's reader (tfrecord.decode_example).
+    A record without the lists comes as DALI's scalar default (VarLenFeature's 0.0): no boxes either."""
+    sides = [[np.asarray(c, np.float32) for c in side] for side in coordinates]
+    sides = [[c.reshape(-1) if c.ndim else np.zeros(0, np.float32) for c in side] for side in sides]
     sizes = np.array([[len(c) for c in side] for side in sides])  # (4, B)
     counts = sizes.min(axis=0)
     if (sizes == counts).all() and counts.min() == counts.max() > 0:  # as many boxes in every record: no padding
@@ -257,7 +259,7 @@ def _read_records(
             IMAGE_KEY: tfrec.FixedLenFeature([], tfrec.string, ""),  # missing: empty bytes, a bad record
             LABEL_KEY: tfrec.FixedLenFeature([1], tfrec.int64, -1),  # missing: -1, outside every label base
         }
-        if object_boxes:  # none in a record: empty lists, the whole image is the box
+        if object_boxes:  # empty lists: no box, the whole image is the box (a missing list: see _record_boxes)
             features.update({key: tfrec.VarLenFeature(tfrec.float32, 0.0) for key in BOX_KEYS})
         outputs = _features(
             fn.readers.tfrecord(

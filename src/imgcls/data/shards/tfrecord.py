@@ -98,7 +98,9 @@ def encode_example(
 ) -> bytes:
     """A serialized tf.train.Example with TF1 build_imagenet_data.py's features that the readers use
     (image/encoded, image/class/label, image/filename, image/class/synset, the object boxes (ymin, xmin, ymax,
-    xmax) relative to the image); deterministic bytes (map keys sorted)."""
+    xmax) relative to the image); deterministic bytes (map keys sorted). The box lists are always there, empty
+    without boxes, as build_imagenet_data.py writes them: DALI's reader gives a missing list as a scalar and
+    cannot batch records with and without them."""
     example = _example_class()()
     feature = example.features.feature
     feature[IMAGE_KEY].bytes_list.value.append(image)
@@ -107,6 +109,8 @@ def encode_example(
         feature[FILENAME_KEY].bytes_list.value.append(filename.encode())
     if synset is not None:
         feature[SYNSET_KEY].bytes_list.value.append(synset.encode())
+    for key in BOX_KEYS:
+        feature[key].float_list.SetInParent()
     for box in boxes or ():
         for key, value in zip(BOX_KEYS, box):
             feature[key].float_list.value.append(float(value))
