@@ -70,10 +70,23 @@ def refused(command: str, *argv: str) -> str:
         (
             "train",
             ["experiment=resnet50_dgx2v_amp_250e", "expected.top1=80"],
-            "expected.top1=80: expected is computed as a whole (${imgcls.published:resnet50_dgx2v_amp_250e,expected}),"
-            " so a key inside it cannot be set; set expected itself, e.g. expected={top1:80}",
+            "expected.top1=80: expected is computed as a whole (${imgcls.published:resnet50_dgx2v_amp_250e,expected}:"
+            " top1, top1_std, hours, published_on), so a key inside it cannot be set; set expected itself, e.g."
+            " expected={top1:80}",
         ),
         ("train", ["experiment=resnet50_dgx2v_amp_250e", "+expected.top1=80"], "e.g. expected={top1:80}"),
+        # (a removal passed and did nothing; one beside another mistake ended in an IndexError)
+        ("train", ["experiment=resnet50_dgx2v_amp_250e", "~expected.top1"], "cannot be removed; set expected itself"),
+        (
+            "train",
+            ["experiment=resnet50_dgx2v_amp_250e", "~expected.top1", "trainer.max_epoch=3"],
+            "cannot be removed; set expected itself, e.g. expected=null",
+        ),
+        (  # a sweep: the value's place, not an override that does not parse
+            "train",
+            ["-m", "experiment=resnet50_dgx2v_amp_250e", "expected.top1=79,80"],
+            "e.g. expected={top1:VALUE}",
+        ),
         # A SLURM sweep sized on the login node, where hardware=auto is still cpu's one device (each job asked for
         # 1 task and 1 GPU).
         (
@@ -82,6 +95,9 @@ def refused(command: str, *argv: str) -> str:
             "hardware=auto with hydra/launcher=slurm: the launcher sizes each SLURM job here, before auto can see the "
             "compute nodes' GPUs (each job would ask for 1 task and 1 GPU); name their profile: hardware=dgx1v|",
         ),
+        # ... whichever job of the sweep has it (only the first job's was checked), and under hydra.mode=MULTIRUN.
+        ("train", ["-m", "hydra/launcher=slurm", "hardware=dgxa100,auto"], "hardware=auto with hydra/launcher=slurm"),
+        ("train", ["hydra.mode=MULTIRUN", "hydra/launcher=slurm"], "hardware=auto with hydra/launcher=slurm"),
         # Malformed overrides (Hydra's lexer errors), and a bare word: what it likely is.
         ("train", ["model=[a"], "cannot parse the override model=[a (no viable alternative at input '[a')"),
         ("train", ["data.batch_size==3"], "cannot parse the override data.batch_size==3 (extraneous input '=')"),

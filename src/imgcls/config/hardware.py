@@ -34,11 +34,14 @@ _TABLE_OF = {
 }
 
 
-def refuse_auto_on_a_cluster_launcher(cfg: DictConfig) -> None:
-    """A sweep through a launcher that sizes cluster jobs (hydra/launcher=slurm) with hardware=auto: the launcher
-    reads trainer.devices and hardware.num_workers on the submitting node, before any job starts, where auto is
-    still cpu's values, so every job would ask SLURM for one task and one GPU. One line naming the profile to set."""
-    if cfg.hardware.get("name") != AUTO or "SlurmLauncher" not in str(cfg.hydra.launcher.get("_target_", "")):
+def refuse_auto_on_a_cluster_launcher(cfg: DictConfig, choices: list[str]) -> None:
+    """A sweep through a launcher that sizes cluster jobs (hydra/launcher=slurm) with hardware=auto in any job: the
+    launcher reads trainer.devices and hardware.num_workers on the submitting node, before any job starts, where
+    auto is still cpu's values, so its jobs would ask SLURM for one task and one GPU. `cfg`: the first job's
+    config; `choices`: every hardware value of the command line (a sweep's too). One line naming the profiles."""
+    if "SlurmLauncher" not in str(cfg.hydra.launcher.get("_target_", "")):
+        return
+    if AUTO not in choices and (choices or cfg.hardware.get("name") != AUTO):
         return
     profiles = "|".join(p for p in options("hardware") if p not in (AUTO, "cpu"))
     raise ConfigError(

@@ -24,7 +24,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from imgcls.config.checks import OPEN, Check
@@ -51,7 +51,8 @@ def override_args(argv: list[str]) -> tuple[list[str], bool] | None:
     own = (args.help, args.hydra_help, args.info, args.shell_completion, args.experimental_rerun)
     if any(own) or args.config_name or args.config_path or args.config_dir:
         return None
-    return list(args.overrides), bool(args.multirun)
+    overrides = list(args.overrides)
+    return overrides, bool(args.multirun) or "hydra.mode=MULTIRUN" in overrides
 
 
 def is_positional(arg: str) -> bool:
@@ -82,10 +83,11 @@ def check_command_line(config_name: str, argv: list[str], table: dict[str, Check
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_composition_error(config_name, parsed, exc, table, multirun)) from None
     if multirun:
-        refuse_auto_on_a_cluster_launcher(cfg)
-    for override in additions:
-        if (whole := _set_whole(cfg, override)) is not None:
+        refuse_auto_on_a_cluster_launcher(cfg, _choices(parsed, "hardware"))
+    for override in parsed:
+        if not _is_group(override) and (whole := _set_whole(cfg, override)) is not None:
             raise ConfigError(whole)
+    for override in additions:
         exists = _find(cfg, override.key_or_group)
         if override.is_add() and exists:
             raise ConfigError(
@@ -196,6 +198,22 @@ def _one_job(override: Override, multirun: bool) -> str | None:
     return f"{override.get_key_element()}={first}"
 
 
+def _choices(overrides: Iterable[Override], group: str) -> list[str]:
+    """Every value the command line gives GROUP, each of a sweep's values too (a glob's matches)."""
+    values: list[str] = []
+    for override in overrides:
+        if override.key_or_group != group or override.is_delete():
+            continue
+        value = override.value()
+        if isinstance(value, Glob):
+            values += value.filter(options(group))
+        elif override.is_sweep_override():
+            values += list(override.sweep_string_iterator())
+        else:
+            values.append(str(value))
+    return values
+
+
 def _jobs(overrides: Iterable[Override], multirun: bool) -> list[str]:
     return [job for job in (_one_job(o, multirun) for o in overrides) if job is not None]
 
@@ -218,7 +236,8 @@ def _find(cfg: DictConfig, key: str) -> bool:
 
 def _set_whole(cfg: DictConfig, override: Override) -> str | None:
     """A key inside a value that an interpolation computes as a whole (an experiment's `expected`, NVIDIA's
-    published result: ${imgcls.published:...}): Hydra cannot set a part of it, the user can set all of it."""
+    published result: ${imgcls.published:...}): Hydra cannot set or remove a part of it (a removal passes and does
+    nothing), the user can set all of it."""
     parts = override.key_or_group.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts[:-1]):
@@ -227,13 +246,21 @@ def _set_whole(cfg: DictConfig, override: Override) -> str | None:
         node = node._get_node(part)
         if node._is_interpolation():
             whole = ".".join(parts[: depth + 1])
-            value = _line(override).split("=", 1)[1]
-            inner = value
-            for name in reversed(parts[depth + 1 :]):
-                inner = f"{{{name}:{inner}}}"
+            try:
+                keys = ", ".join(str(k) for k in OmegaConf.select(cfg, whole).keys())
+            except Exception:  # noqa: BLE001 - only to name the keys; the line stands without them
+                keys = ""
+            if override.is_delete():
+                action, example = "removed", f"{whole}=null"
+            else:
+                value = "VALUE" if override.is_sweep_override() else _line(override).split("=", 1)[1]
+                for name in reversed(parts[depth + 1 :]):
+                    value = f"{{{name}:{value}}}"
+                action, example = "set", f"{whole}={value}"
             return (
-                f"{_line(override)}: {whole} is computed as a whole ({node._value()}), so a key inside it cannot be "
-                f"set; set {whole} itself, e.g. {whole}={inner}"
+                f"{_line(override)}: {whole} is computed as a whole ({node._value()}"
+                + (f": {keys}" if keys else "")
+                + f"), so a key inside it cannot be {action}; set {whole} itself, e.g. {example}"
             )
     return None
 
