@@ -317,6 +317,17 @@ def test_torchrun_ranks_get_the_same_pinned_dir() -> None:
         assert launch_overrides(["model=resnet18"], "train", env) == ["hydra.run.dir=outputs/train/abc"]
 
 
+def test_a_one_process_torchrun_restart_finds_its_run_dir() -> None:
+    """torchrun --nproc_per_node=1 --max-restarts=N: the restarted process has the same rendezvous id and must land
+    in the same dir, where its checkpoints are (it started over in a new timestamped dir). Without an id (torchrun's
+    static default) a single process keeps the timestamped dir."""
+    first = {"TORCHELASTIC_RUN_ID": "job7", "WORLD_SIZE": "1", "RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0"}
+    restarted = {**first, "TORCHELASTIC_RESTART_COUNT": "1"}
+    assert launch_overrides([], "train", first) == launch_overrides([], "train", restarted)
+    assert launch_overrides([], "train", restarted) == ["hydra.run.dir=outputs/train/job7"]
+    assert launch_overrides([], "train", {**first, "TORCHELASTIC_RUN_ID": "none"}) == []
+
+
 def test_srun_pins_the_job_id_and_explicit_dirs_win() -> None:
     env = {"SLURM_JOB_ID": "777", "SLURM_NTASKS": "8", "SLURM_PROCID": "3"}
     assert launch_overrides([], "train", env)[0] == "hydra.run.dir=outputs/train/777"

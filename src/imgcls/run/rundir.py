@@ -36,9 +36,12 @@ def launch_id(env: Mapping[str, str] | None = None) -> str | None:
     hpc_ckpt, `ckpt_path=last`). An interactive allocation (job name bash or interactive, as Lightning's
     SLURMEnvironment tells them apart) keeps the timestamped dir: each command in it is a new run."""
     env = os.environ if env is None else env
-    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE") or 1) > 1:
+    if "TORCHELASTIC_RUN_ID" in env:
+        # One process too: torchrun --max-restarts restarts it with the same id, and it must find its checkpoints.
         run_id = env["TORCHELASTIC_RUN_ID"]
-        if run_id == "none":  # torchrun's default static rendezvous has no id at all
+        if run_id == "none" and int(env.get("WORLD_SIZE") or 1) == 1:
+            return None  # torchrun's default static rendezvous has no id; alone, nothing to share a dir with
+        if run_id == "none":
             raise ConfigError(
                 "under torchrun the ranks need a shared run dir: pass hydra.run.dir=DIR, or give torchrun "
                 "--rdzv-id=ID (or --standalone on one node)"
