@@ -337,6 +337,29 @@ def test_an_epoch_left_early_costs_only_its_batches(
     assert next(iter(again))[1].tolist() == firsts[2]
 
 
+@pytest.mark.parametrize("checkpointing", ["true", "false"])
+def test_a_resume_from_an_epoch_end_goes_on_with_the_next_epoch(folder: Path, checkpointing: str) -> None:
+    """Lightning's last.ckpt at the end of epoch 0, resumed: the loader goes on with epoch 1. With DALI's reader
+    positions, the uninterrupted run's epoch 1 itself; without them, a fresh loader of epoch 1 (its own order and
+    seed), not epoch 0 again (its saved positions were empty, so the resume could not tell that the epoch had
+    ended, and replayed epoch 0's order and draws)."""
+    cfg = data_cfg(folder, f"data.dali_checkpointing={checkpointing}")
+    loader = make_backend(cfg).loader(LoaderSpec("train", 4))
+    batches = iter(loader)
+    epoch0 = [next(batches)[1].tolist() for _ in range(len(loader))]  # as Lightning: len() batches
+    state = loader.state_dict()
+    epoch1 = [b[1].tolist() for b in loader]
+    loader.close()
+    resumed = make_backend(cfg).loader(LoaderSpec("train", 4, resume=state))
+    again = [b[1].tolist() for b in resumed]
+    resumed.close()
+    if checkpointing == "true":
+        assert epoch1 != epoch0 and again == epoch1
+    else:
+        fresh = make_backend(cfg).loader(LoaderSpec("train", 4, first_epoch=1))
+        assert again != epoch0 and again == [b[1].tolist() for b in fresh]
+
+
 def test_resumed_data_module_builds_its_dali_pipeline_once_at_the_saved_batch(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -393,12 +416,13 @@ def test_dali_list_file_is_imgcls_own_temp_file_and_only_it_goes(
 
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_dali_checkpointing_switch(folder: Path, checkpointing: bool) -> None:
-    """data.dali_checkpointing=false (to save the reader's second copy of the names) keeps no position: a resume
-    starts the reader's epoch again. On, the position names the DALI checkpoint of the batch trained on last."""
+    """data.dali_checkpointing=false (to save the reader's second copy of the names) keeps no reader position (a
+    resume starts the reader's epoch again), only where the consumer is in its epoch. On, the position also names
+    the DALI checkpoint of the batch trained on last."""
     loader = make_backend(data_cfg(folder, f"data.dali_checkpointing={checkpointing}")).loader(LoaderSpec("train", 8))
     next(iter(loader))
     position = loader.position()
-    assert (position.get("yielded"), bool(position.get("start"))) == ((1, True) if checkpointing else (None, False))
+    assert (position.get("yielded"), bool(position.get("start"))) == (1, checkpointing)
 
 
 def test_yielded_batches_stay_valid_and_early_stop_restarts(folder: Path) -> None:

@@ -285,8 +285,9 @@ class DaliLoader:
     # makes that batch again and skips the yields of it already trained on. Hand-written: DALI's iterator saves the
     # position of what it has taken, which with a prefetching producer is ahead of what the consumer has used.
     def position(self, steps_per_epoch: int | None = None) -> dict[str, Any]:
-        """This rank's place in its epochs, to build a loader at (`restored`): {} before the first batch or when
-        the pipeline saves no reader position. `steps_per_epoch`: the steps the trainer takes from an epoch
+        """This rank's place in its epochs, to build a loader at (`restored`): {} before the first batch; `start`
+        None where the pipeline saves no reader position (a resume then builds a fresh loader: of the next epoch
+        where this one had ended, DaliBackend._start). `steps_per_epoch`: the steps the trainer takes from an epoch
         (trainer.limit_train_batches can make them fewer than len()); a position at the last of them, or at the
         end of the epoch, is the epoch's end, and a loader built at it goes on with the next epoch."""
         if not self._position:
@@ -528,12 +529,13 @@ class DaliLoader:
                     continue
                 self._taken_by_consumer = batch.consumed + 1
                 self._run_epoch = self.first_epoch + batch.epoch
-                if batch.start is not None:
-                    self._position = {
-                        "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
-                        "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
-                        "first_epoch": self.first_epoch,
-                    }  # fmt: skip
+                # Also without a reader position (data.dali_checkpointing=false, start None): where the consumer
+                # is in its epoch still tells a resume whether that epoch had ended (DaliBackend._start).
+                self._position = {
+                    "start": batch.start, "epoch": batch.epoch, "consumed": batch.consumed, "owed": batch.owed,
+                    "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
+                    "first_epoch": self.first_epoch,
+                }  # fmt: skip
                 yield batch.result
             self._ended = True
             if self._position:
