@@ -76,6 +76,7 @@ class ClassificationModule(L.LightningModule):
         warmup = {"use_warmup": True, "warmup_gamma": 9.0, "warmup_power": 1.0} if self.recipe.ema_dynamic_decay else {}
         self._ema_warmup = warmup
         self.ema = self._averaged(float(ema_decay)) if ema_decay else None
+        self._ema_step = -1  # the global_step of the EMA's last update (on_train_start, on_train_batch_end)
 
         top5 = min(5, num_classes)
         self.val_metrics = nn.ModuleDict()
@@ -146,6 +147,9 @@ class ClassificationModule(L.LightningModule):
         # lists can be built now, once (ema.py).
         if self.ema is not None:
             self.ema.track(self.net)
+            # The optimizer step the EMA last took in: a resumed run has taken its global_step already, so a first
+            # micro-batch that steps no optimizer (gradient accumulation) does not average the same weights twice.
+            self._ema_step = self.global_step
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
@@ -201,7 +205,7 @@ class ClassificationModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Lightning increments global_step only on real optimizer steps: update EMA then, not on
         # every micro-batch (an NVIDIA quirk not copied).
-        if self.ema is not None and self.global_step != getattr(self, "_ema_step", -1):
+        if self.ema is not None and self.global_step != self._ema_step:
             self._ema_step = self.global_step
             self.ema.update(self.net, step=self.global_step)
         # Only on the steps Lightning writes to the loggers (as its LearningRateMonitor does): self.log makes
