@@ -131,9 +131,19 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
         # fused: one kernel per step, and under fp16 loss scaling no host sync per step: GradScaler hands the
         # kernel its found-inf flag (the kernel skips the update itself) instead of reading it with .item()
         # to decide on the host (torch.amp.GradScaler.step, `_step_supports_amp_scaling`).
-        return torch.optim.SGD(
+        sgd = torch.optim.SGD(
             groups, lr=lr, momentum=float(recipe.momentum), nesterov=bool(recipe.nesterov), fused=fused
         )
+        if fused and float(recipe.momentum):
+            # The fused kernel makes each momentum buffer with empty_like in its first step and, when that step
+            # overflowed (GradScaler's found-inf flag), returns without writing it: the next step would read
+            # uninitialized memory. Zero buffers from the start are the same arithmetic (dampening 0: momentum x 0
+            # + grad is the first step's copy of grad, bitwise) and leave nothing unwritten.
+            for group in sgd.param_groups:
+                for param in group["params"]:
+                    if param.requires_grad:
+                        sgd.state[param]["momentum_buffer"] = torch.zeros_like(param)
+        return sgd
     if name in ("rmsprop", "rmsprop_tf"):
         # rmsprop_tf: NVIDIA's TF2 EfficientNet (--optimizer rmsprop: rho --decay 0.9, --momentum 0.9, --opt_epsilon
         # 1e-3) runs TF's RMSProp kernel: epsilon inside the square root and the LR inside the momentum buffer.
