@@ -360,6 +360,31 @@ def test_a_resume_from_an_epoch_end_goes_on_with_the_next_epoch(folder: Path, ch
         assert again != epoch0 and again == [b[1].tolist() for b in fresh]
 
 
+@pytest.mark.slow
+def test_the_epoch_after_one_left_early_does_not_depend_on_the_producer_thread(folder: Path) -> None:
+    """limit_train_batches 5 of 6 with the torch resize: the producer thread reaches the reader's end (and counts
+    the epoch) while the trainer validates. The next epoch is the one after the consumer's, as a resume from the
+    saved position builds it: it was one further, skipping an epoch's order and draws, when the producer was done."""
+    import time
+
+    backend = make_backend(data_cfg(folder, "data.dali_train_resize=torch"))
+    loader = backend.loader(LoaderSpec("train", 4, limit_batches=5))  # 24 images: 6 batches
+    assert loader.prefetch == 1
+    batches = iter(loader)
+    for _ in range(5):
+        next(batches)
+    state = loader.state_dict()
+    deadline = time.monotonic() + 60  # bounds a hang only: the producer finishes the epoch's last batch
+    while loader.epoch == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader.epoch == 1  # the producer has counted the reader's epoch
+    after = next(iter(loader))[1].tolist()
+    loader.close()
+    resumed = backend.loader(LoaderSpec("train", 4, limit_batches=5, resume=state))
+    fresh = backend.loader(LoaderSpec("train", 4, first_epoch=1))
+    assert after == next(iter(resumed))[1].tolist() == next(iter(fresh))[1].tolist()
+
+
 def test_resumed_data_module_builds_its_dali_pipeline_once_at_the_saved_batch(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

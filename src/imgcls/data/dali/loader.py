@@ -225,6 +225,7 @@ class DaliLoader:
         # one it was given, and whether it saw the epoch's end.
         self._started = self._ended = False
         self._taken_by_consumer = 0
+        self._consumer_epoch = 0
         try:
             self._iterator = self._make_iterator(pipe, outputs, host_resize is not None)
         except BaseException:
@@ -361,8 +362,10 @@ class DaliLoader:
             self.epoch += 1
 
     def _next_pipeline(self) -> None:
-        """The next epoch from a new pipeline built for it (`rebuild`); the old one is shut down first."""
-        epoch = self.first_epoch + self.epoch + 1
+        """The epoch after the one the consumer left, from a new pipeline built for it (`rebuild`); the old one is
+        shut down first. Counted from the consumer's epoch: whether the producer had reached the reader's end (and
+        counted it) depends on the thread's timing, and a resumed run counts from the saved position's epoch."""
+        epoch = self.first_epoch + self._consumer_epoch + 1
         old, self._iterator = self._iterator, None
         del old
         shut_down(self._pipes[0])
@@ -508,6 +511,9 @@ class DaliLoader:
             worker.call(finish)  # after that producer has returned: one task at a time
         else:
             finish()
+        # The epoch (of this pipeline) the consumer iterates now; the producer thread moves self.epoch on when it
+        # reaches the reader's end, which may come before or after the consumer leaves (_next_pipeline).
+        self._consumer_epoch = self.epoch
         skip = int(at["yielded"]) if at is not None else 0
         owed = int(at["owed"]) if at is not None else 0
         steps = int(at["steps"]) - skip if at is not None else 0
