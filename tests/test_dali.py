@@ -385,6 +385,26 @@ def test_the_epoch_after_one_left_early_does_not_depend_on_the_producer_thread(f
     assert after == next(iter(resumed))[1].tolist() == next(iter(fresh))[1].tolist()
 
 
+def test_an_old_iterator_closed_late_leaves_the_next_epoch_running(folder: Path) -> None:
+    """An epoch's iterator left after one batch and closed only after the next epoch's iterator began (a late
+    garbage collection): the new epoch still gets all its batches. Closing the old one stopped the new producer,
+    and the consumer waited for a batch forever."""
+    import threading
+
+    loader = make_backend(data_cfg(folder, "data.dali_train_resize=torch")).loader(LoaderSpec("train", 4))
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    next(new)
+    old.close()
+    rest: list[int] = []
+    reader = threading.Thread(target=lambda: rest.append(sum(1 for _ in new)), daemon=True)
+    reader.start()
+    reader.join(60)  # bounds a hang only
+    assert rest == [len(loader) - 1]
+    loader.close()
+
+
 def test_resumed_data_module_builds_its_dali_pipeline_once_at_the_saved_batch(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

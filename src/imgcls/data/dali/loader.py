@@ -524,9 +524,11 @@ class DaliLoader:
             trace = open(f"{self.trace}_epoch{epoch}.txt", "a" if resumed else "w")  # noqa: SIM115 - closed below
         self._started, self._ended = True, False
         self._taken_by_consumer = int(at["consumed"]) + 1 if at is not None else 0
+        stop: threading.Event | None = None  # this epoch's producer's (not a later epoch's: see finally)
         try:
             previous, yielded = None, 0
             for batch in equal_step_counts(self._results(worker, trace, owed, resumed), self.refill, owed):
+                stop = self._stop if worker is not None else None  # made by _background_epoch before its first batch
                 yielded = yielded + 1 if batch is previous else 1
                 previous = batch
                 steps += 1
@@ -547,7 +549,9 @@ class DaliLoader:
             if self._position:
                 self._position = {**self._position, "done": True}
         finally:
-            if self._stop is not None:  # the consumer raised (e.g. data.on_bad_image=error) or left early
-                self._stop.set()
+            # The consumer raised (e.g. data.on_bad_image=error) or left early. This epoch's event only: an
+            # iterator left behind and closed after the next epoch's began must not stop that epoch's producer.
+            if stop is not None:
+                stop.set()
             if trace is not None:
                 trace.close()
