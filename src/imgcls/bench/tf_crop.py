@@ -25,19 +25,16 @@ from typing import Any
 import numpy as np
 
 from imgcls.data.dali.pipelines import _many, crop_spec_values, tf_windows
-from imgcls.data.tf_crop import UNIFORMS_PER_ATTEMPT, DistortedCrop, sample_window
+from imgcls.data.tf_crop import UNIFORMS_PER_ATTEMPT, DistortedCrop
 
 IMAGE_SHAPE = (375, 500, 3)  # the median ImageNet photo
 BOXES = ((0.1, 0.55), (0.2, 0.3), (0.45, 0.95), (0.6, 0.7))  # per coordinate (ymin, xmin, ymax, xmax): 2 boxes
 
 
 def tf_window_per_image(shape: np.ndarray, uniforms: np.ndarray, spec: np.ndarray, *boxes: np.ndarray) -> Any:
-    """One image's window, for DALI's per-sample python_function (the comparison row)."""
-    area_lo, area_hi, aspect_lo, aspect_hi, covered, attempts = (float(v) for v in spec)
-    crop = DistortedCrop((area_lo, area_hi), (aspect_lo, aspect_hi), covered, int(attempts))
-    object_boxes = np.stack([np.asarray(b, np.float32) for b in boxes], axis=1) if boxes else None
-    y, x, h, w = sample_window(int(shape[0]), int(shape[1]), crop, uniforms, object_boxes)
-    return np.array([y, x], np.int32), np.array([h, w], np.int32)
+    """One image's window, for DALI's per-sample python_function (the comparison row): tf_windows on a batch of one."""
+    anchors, extents = tf_windows([shape], [uniforms], [spec], *([side] for side in boxes))
+    return anchors[0], extents[0]
 
 
 def _pipeline(batch_size: int, way: str, boxed: bool) -> Any:

@@ -183,35 +183,31 @@ def _is_hydra_group(name: str) -> bool:
     return name.split("/")[0] == "hydra"
 
 
+def _values(override: Override) -> list[str]:
+    """Every value an override gives: one, a sweep's each, a glob's matching group choices (check_group_choices:
+    one does); none for interval(), whose values the sweeper draws."""
+    value = override.value()
+    if isinstance(value, Glob):
+        return value.filter(options(override.key_or_group)) if _is_group(override) else []
+    if not override.is_sweep_override():
+        return [str(value)]
+    try:
+        return list(override.sweep_string_iterator())
+    except HydraException:  # interval(): whether the key exists is Hydra's to say
+        return []
+
+
 def _one_job(override: Override, multirun: bool) -> str | None:
     """The override as Hydra's compose() takes it: a sweep of a multirun (-m) by its first value."""
     if not multirun or not override.is_sweep_override():
         return override.input_line
-    value = override.value()
-    if isinstance(value, Glob):  # a glob of group choices: the first it matches (check_group_choices: one does)
-        matches = value.filter(options(override.key_or_group)) if _is_group(override) else []
-        return f"{override.get_key_element()}={matches[0]}" if matches else None
-    try:
-        first = next(iter(override.sweep_string_iterator()))
-    except HydraException:  # interval(): the sweeper draws the values; whether the key exists is Hydra's to say
-        return None
-    return f"{override.get_key_element()}={first}"
+    values = _values(override)
+    return f"{override.get_key_element()}={values[0]}" if values else None
 
 
 def _choices(overrides: Iterable[Override], group: str) -> list[str]:
-    """Every value the command line gives GROUP, each of a sweep's values too (a glob's matches)."""
-    values: list[str] = []
-    for override in overrides:
-        if override.key_or_group != group or override.is_delete():
-            continue
-        value = override.value()
-        if isinstance(value, Glob):
-            values += value.filter(options(group))
-        elif override.is_sweep_override():
-            values += list(override.sweep_string_iterator())
-        else:
-            values.append(str(value))
-    return values
+    """Every value the command line gives GROUP, each of a sweep's values too."""
+    return [v for o in overrides if o.key_or_group == group and not o.is_delete() for v in _values(o)]
 
 
 def _jobs(overrides: Iterable[Override], multirun: bool) -> list[str]:

@@ -304,7 +304,7 @@ def train_pipeline(
     of DALI's random crop (crop_scale, crop_ratio unused); object_boxes: against the TFRecords' object boxes (TF1),
     else the whole image (TF2)."""
     tf_crop = settings.tf_crop
-    boxed = tf_crop is not None and settings.object_boxes
+    boxed = settings.object_boxes  # tf_crop.uses_object_boxes: only with data.train_crop=tf
     jpegs, index, bad, boxes = _read_rank_part(source, shard_id, num_shards, True, boxed)
     decoder_args: dict[str, Any] = {
         "device": "mixed" if settings.gpu else "cpu",
