@@ -401,6 +401,47 @@ def test_dali_crops_records_without_object_boxes_against_the_whole_image(tmp_pat
     assert whole.float().mean() < 0.5, shapes[:8].tolist()  # TF's fallback is rare with the whole image as the box
 
 
+def test_records_with_and_without_box_lists_are_one_line_naming_the_key(tmp_path: Path) -> None:
+    """DALI cannot batch records with box lists and records without them (TF1's recipe reads them): one DataError
+    line that says what the records need or which key to set, not DALI's bare dimensionality message."""
+    from imgcls.data.backends import make_backend
+    from imgcls.data.shards.tfrecord import BOX_KEYS, _example_class, encode_example, write_record
+    from imgcls.errors import DataError
+
+    root = tmp_path / "records"
+    root.mkdir()
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray(np.full((60, 80, 3), 90, np.uint8)).save(photo, quality=95)
+    boxed = encode_example(photo.read_bytes(), 1, "0.jpg", boxes=[(0.1, 0.1, 0.5, 0.5)])
+    example = _example_class()()
+    example.ParseFromString(encode_example(photo.read_bytes(), 1, "1.jpg"))
+    for key in BOX_KEYS:
+        del example.features.feature[key]
+    for split in ("train", "validation"):
+        with open(root / f"{split}-00000-of-00001", "wb") as out:
+            for record in [boxed, example.SerializeToString(deterministic=True)] * 2:
+                write_record(out, record)
+    cfg = _dali_cfg(
+        root, "data.format=tfrecord", f"data.shard_cache={tmp_path / 'cache'}", "data.dali_train_resize=dali",
+        "data.train_crop_object_boxes=true", "data.num_classes=1",
+    )  # fmt: skip
+    with pytest.raises(DataError) as error:
+        next(iter(make_backend(cfg).loader(LoaderSpec("train", 4))))
+    line = str(error.value)
+    assert "\n" not in line and "same dimensionality" in line and "data.train_crop_object_boxes" in line
+
+
+def test_a_box_of_nan_coordinates_has_no_pixels() -> None:
+    """TF refuses NaN box coordinates; here such a box counts for nothing (it was cast to INT64_MIN, with numpy's
+    warnings in every batch)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nan_box = np.full((1, 4), np.nan, np.float32)
+        assert sample_window(300, 400, NVIDIA, np.random.default_rng(0).random((100, 4)), nan_box) == (0, 0, 300, 400)
+
+
 def test_dalis_one_call_a_batch_chooses_the_windows_of_one_call_an_image() -> None:
     """The DALI pipeline's window step, one python_function call a batch (pipelines.tf_windows), chooses from
     DALI's random numbers the windows that DALI's per-image calls choose, with and without object boxes
