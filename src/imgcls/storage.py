@@ -3,8 +3,9 @@
 One primitive, `write_atomic`, serves checkpoints, report/eval/benchmark JSON and exported models: write a
 temp file in the destination's directory, then `os.replace` it over the destination, so that a reader (or a
 kill, a full disk, an I/O error) sees the previous file or the complete new one, never a mix. The temp file
-is made with O_EXCL (mkstemp): it can never be, or truncate, a file that happens to share its name, and it is
-the only thing removed when the write fails.
+is made with O_EXCL (mkstemp): it can never be, or truncate, a file that happens to share its name, or a link
+someone planted, and it is the only thing removed when the write fails (a checkpoint save also removes the temps
+that killed saves of that checkpoint left).
 
 Checkpoints are also fsynced (file and directory), because a resumed run depends on them. Lightning's own
 `_atomic_save` (fabric/utilities/cloud_io.py, 2.6) stages the bytes in the system temp dir and commits with
@@ -15,8 +16,11 @@ copy, so a kill during the copy left a truncated last.ckpt and a checkpoint-size
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,33 +38,52 @@ def readable_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~_UMASK
 
 
+def temp_prefix(path: Path) -> str:
+    """The name of `path`'s temp files up to mkstemp's 8 random characters: `.NAME.imgcls.XXXXXXXX.tmp`. Hidden,
+    and marked as imgcls's, so that a durable save can tell a temp of its own left by a kill from a user's file.
+    (cache.py's prune, whose pattern is `.NAME.XXXXXXXX.tmp`, matches them too.)"""
+    return f".{path.name}.imgcls."
+
+
 def write_atomic(path: Path, write: Callable[[Path], object], what: str = "", durable: bool = False) -> None:
     """Write `path` via `write(temp_path)` and rename it into place. `what` names the file in errors
-    ("checkpoint"). durable=True (checkpoints, always in RUN_DIR/checkpoints, a folder imgcls made) fsyncs
-    the bytes and the rename, and reuses one temp name, `NAME.tmp`: a save killed mid-write (kill -9, OOM)
-    then leaves one checkpoint-sized orphan that the next save overwrites, not one more per kill."""
+    ("checkpoint"). durable=True (checkpoints) fsyncs the bytes and the rename, and first removes the temps of
+    `path` that a save killed mid-write (kill -9, OOM) left: one checkpoint-sized orphan at most, not one more
+    per kill.
+
+    The temp's name is random and made with O_EXCL (mkstemp), never a fixed one: a link planted at a name the
+    next save will use (`last.ckpt.tmp -> ~/notes.txt` was) would redirect the write and the chmod to the
+    link's target. The mode and the fsync go through the descriptor mkstemp opened, and the name must still be
+    that file when it is renamed into place."""
     path = Path(path)
     label = f"{what} {path}" if what else str(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if durable:
-            tmp = str(path.with_name(path.name + ".tmp"))
-        else:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
+            _remove_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise StorageError(f"could not write {label} ({exc.strerror or type(exc).__name__})") from None
     try:
-        write(Path(tmp))
-        os.chmod(tmp, readable_mode())  # mkstemp makes 0600; our files are as readable as any other
-        if durable:
-            _fsync(tmp, os.O_RDONLY)  # the bytes are on disk before the name points at them
+        try:
+            write(Path(tmp))
+            made = os.fstat(fd)
+            now = os.lstat(tmp)
+            if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+                # Something replaced the temp while it was written; what is there now is not ours to publish.
+                raise OSError(errno.EEXIST, f"{tmp} was replaced while being written")
+            os.fchmod(fd, readable_mode())  # mkstemp makes 0600; our files are as readable as any other
+            if durable:
+                os.fsync(fd)  # the bytes are on disk before the name points at them
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         if durable:
             _fsync(path.parent, os.O_RDONLY)  # the rename itself survives a power loss
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)  # no half-written orphan; a full disk gets its space back
+            if _is_our_file(os.lstat(tmp)):
+                os.unlink(tmp)  # no half-written orphan; a full disk gets its space back
         if not isinstance(exc, (OSError, RuntimeError)):  # torch.save wraps some failures (EFBIG) in RuntimeError
             raise
         reason = (exc.strerror or type(exc).__name__) if isinstance(exc, OSError) else str(exc).splitlines()[0]
@@ -68,6 +91,22 @@ def write_atomic(path: Path, write: Callable[[Path], object], what: str = "", du
         if what:
             kept = f"; the previous {what} is intact" if path.exists() else f"; no {what} was written"
         raise StorageError(f"could not write {label} ({reason}){kept}") from None
+
+
+def _is_our_file(info: os.stat_result) -> bool:
+    """A regular file of this user's: never a link (unlinking one is harmless, but it is not ours to remove)."""
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Remove the temps of `path` (temp_prefix's names, regular files of ours) left by killed saves."""
+    pattern = re.compile(re.escape(temp_prefix(path)) + r"[a-z0-9_]{8}\.tmp")
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            if pattern.fullmatch(entry.name):
+                with contextlib.suppress(OSError):
+                    if _is_our_file(entry.stat(follow_symlinks=False)):
+                        os.unlink(entry.path)
 
 
 def _fsync(target: str | Path, flags: int) -> None:
