@@ -183,7 +183,8 @@ def test_prune_older_than_days(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_files_being_written_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A download under way (its lock held, or its .part recent) and a recent .tmp are never deleted; what a
-    killed process left (old, unlocked) is; a copy locked for a new download is kept and reported."""
+    killed process left (old, unlocked, in the index) is; a copy locked for a new download is kept and
+    reported. A file with a temp's name that the index does not name is not imgcls's: kept, however old."""
     root, _, made = filled(tmp_path)
     folder = made["a.tar"].parent
     old = time.time() - 2 * cache.TEMP_GRACE_S
@@ -192,13 +193,16 @@ def test_files_being_written_are_kept(tmp_path: Path, capsys: pytest.CaptureFixt
     locked_part = folder / ".z.tar.q1w2e3r4.part"
     dead_tmp = root / "counts" / ".0123456789abcdef-w.tar.json.a1b2c3d4.tmp"
     young_tmp = made["index"].parent / ".train-00000-of-00001.idx.zz99yy88.tmp"
+    users = folder / ".notes.txt.abcdefgh.part"  # named like a temp, but imgcls never made it
     for path in (young_part, dead_part, locked_part, dead_tmp, young_tmp):
+        cache.record(str(root), path)  # as download_temp and write_file enter their temps
+    for path in (young_part, dead_part, locked_part, dead_tmp, young_tmp, users):
         path.write_bytes(b"p" * 100)
-    for path in (dead_part, locked_part, dead_tmp):
+    for path in (dead_part, locked_part, dead_tmp, users):
         os.utime(path, (old, old))
     holders = []
     for target in (folder / "z.tar", made["b.tar"]):  # what remote._lock holds while it downloads
-        fd = os.open(cache.lock_path(str(target)), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = cache.open_lock(str(root), str(target))
         fcntl.flock(fd, fcntl.LOCK_EX)
         holders.append(fd)
     try:
@@ -208,7 +212,7 @@ def test_files_being_written_are_kept(tmp_path: Path, capsys: pytest.CaptureFixt
             os.close(fd)
     assert code == 0 and err == "" and out.rstrip().endswith(", 1 of them in use by a download"), out
     assert not dead_part.exists() and not dead_tmp.exists()
-    assert young_part.exists() and locked_part.exists() and young_tmp.exists()
+    assert young_part.exists() and locked_part.exists() and young_tmp.exists() and users.exists()
     assert made["b.tar"].exists() and not made["a.tar"].exists()
     assert not made["index"].exists() and not made["count_val"].exists()
     rows = list_lines(root, capsys)
@@ -237,6 +241,7 @@ def test_prune_needs_imgcls_tag(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for path in files:
         path.parent.mkdir(parents=True)
         path.write_bytes(b"data")
+        cache.record(str(root), path)  # even files the index names
     for tag in (None, f"{cache.TAG_SIGNATURE}\n# This file is a cache directory tag created by another tool.\n"):
         if tag is not None:
             (root / cache.TAG).write_text(tag)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from imgcls.data.shards import remote
-from imgcls.data.shards.cache import TAG, copy_path
+from imgcls.data.shards.cache import INDEX, TAG, copy_path
 from imgcls.errors import ConfigError, DataError
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, tiny_overrides
 
@@ -113,6 +113,10 @@ def test_local_copy_downloads_once_and_refreshes_a_changed_object(s3: S3, tmp_pa
     third = os.urandom(100_000)
     s3.put(key, third)
     assert Path(remote.local_copy(url, str(tmp_path), s3.options)).read_bytes() == third
+    # the same size, another ETag: a check of the size alone took the old copy for the new object
+    fourth = os.urandom(100_000)
+    s3.put(key, fourth)
+    assert Path(remote.local_copy(url, str(tmp_path), s3.options)).read_bytes() == fourth
 
 
 def test_a_truncated_copy_is_replaced_and_temp_files_are_not_used(s3: S3, tmp_path: Path) -> None:
@@ -248,7 +252,7 @@ def test_a_failing_pipe_leaves_no_copy(tmp_path: Path) -> None:
     url = f"pipe:head -c 1000 {source}; exit 3"  # some bytes, then a failure: they must not become the shard
     with pytest.raises(DataError, match=r"^cannot read pipe:head .*: the command exited with code 3$"):
         remote.local_copy(url, str(tmp_path / "cache"), {})
-    assert [n for n in _files(tmp_path / "cache") if not n.endswith(".lock") and n != TAG] == []
+    assert [n for n in _files(tmp_path / "cache") if not n.endswith(".lock") and n not in (TAG, INDEX)] == []
 
 
 # -- a download cut short: the server disconnects, or the process is killed mid-transfer ----------------------

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imgcls.data.shards import cache, remote, tfrecord, webdataset
 from imgcls.data.shards.formats import FORMATS
-from imgcls.errors import ConfigError, DataError
+from imgcls.errors import ConfigError, DataError, StorageError
+from imgcls.redaction import redact_url
 from imgcls.storage import write_atomic
 
 MANIFEST = "manifest.json"
@@ -23,6 +26,14 @@ SPLITS = ("train", "val")
 PREFIXES = {"train": ("train-",), "val": ("validation-", "val-")}  # TF1/TF2 --data_dir names; val- also accepted
 DEFAULT_LABEL_BASE = {"tfrecord": 1, "webdataset": 0}  # TF1 writes 1..1000 (the model subtracts 1)
 INDEX_DIR = "dali_idx"
+# A shard's name in manifest.json or in a listing of ROOT: a plain file name in ROOT. Nothing that reads as a
+# path elsewhere, a URL or pipe:CMD (a manifest is data, often from a bucket: it must not run commands or
+# point outside ROOT), a shell word (it is pasted into a pipe: root's command), an option (leading -).
+SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@%,-]{0,254}")
+ALLOWED_NAME = (
+    "a plain file name in data.root: letters, digits and _ . + = @ % , - (not first), no '/', '..', "
+    "scheme (pipe:, s3://), space, shell character or control character"
+)
 
 
 @dataclass(frozen=True)
@@ -60,12 +71,24 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 
 
 def _join(root: str, name: str) -> str:
+    """ROOT/NAME. Under a pipe: root (the user's command, docs/shards.md "Object storage") NAME is appended
+    to the command as one shell word, quoted: a checked name needs no quotes, and one that did stays a word."""
+    if root.startswith(remote.PIPE):
+        return f"{root.rstrip('/')}/{shlex.quote(name)}"
     return f"{root.rstrip('/')}/{name}" if remote.is_remote(root) else str(Path(root) / name)
 
 
-def _shard_url(root: str, name: str) -> str:
-    """A manifest's shard name is relative to ROOT, or a URL or absolute path of its own (pipe:CMD shards)."""
-    return name if remote.is_remote(name) or os.path.isabs(name) else _join(root, name)
+def check_name(name: str, where: str) -> str:
+    """`name` if it is a plain shard file name (SHARD_NAME), else a one-line DataError naming `where` it came
+    from and what is allowed."""
+    if not SHARD_NAME.fullmatch(name) or ".." in name:
+        raise DataError(f"{redact_url(where)} names a shard {name!r}, which is not allowed; allowed: {ALLOWED_NAME}")
+    return name
+
+
+def _shard_url(root: str, name: str, where: str) -> str:
+    """A manifest's shard name, relative to ROOT (never a URL, absolute path or pipe:CMD of its own)."""
+    return _join(root, check_name(name, where))
 
 
 def open_shard_set(cfg: Any) -> ShardSet:
@@ -154,7 +177,7 @@ def _from_manifest(document: dict, root: str, fmt: str) -> tuple[list[str], int,
         base = int(document["label_base"])
         entries = {split: document["splits"][split]["shards"] for split in SPLITS}
         splits = {
-            split: [Shard(_shard_url(root, str(e["name"])), int(e["count"])) for e in items]
+            split: [Shard(_shard_url(root, str(e["name"]), path), int(e["count"])) for e in items]
             for split, items in entries.items()
         }
     except (KeyError, TypeError, ValueError) as exc:
@@ -228,7 +251,7 @@ def _from_names(
     names = remote.list_names(root, options)
     splits = {}
     for split in SPLITS:
-        found = shard_names(names, fmt, split)
+        found = [check_name(n, f"the listing of data.root={root}") for n in shard_names(names, fmt, split)]
         if not found:
             patterns = ", ".join(p + "*" + (".tar" if fmt == "webdataset" else "") for p in PREFIXES[split])
             other = "tfrecord" if fmt == "webdataset" else "webdataset"
@@ -271,7 +294,12 @@ def _scanned_count(path: str, fmt: str, cache_dir: str | None) -> int:
     count = len(tfrecord.scan_file(path)) if fmt == "tfrecord" else webdataset.count_samples(path)
     if cached is not None:
         text = json.dumps({**key, "count": count}) + "\n"
-        write_atomic(cached, lambda tmp: tmp.write_text(text), what="shard count cache")
+        try:
+            cache.write_file(str(cache_dir), cached, text)
+        except OSError as exc:
+            raise StorageError(
+                f"could not write shard count cache {cached} (data.shard_cache): {exc.strerror or type(exc).__name__}"
+            ) from None
     return count
 
 

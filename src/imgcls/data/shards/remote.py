@@ -2,9 +2,11 @@
 
 Both backends read local files (DALI's readers take paths; the torchvision path reads a shard whole), so a
 remote shard is downloaded into `data.shard_cache` before it is read, at
-`CACHE/remote/<scheme>/<bucket-or-host>/<path>` (readable, the same across runs; cache.py owns the layout
-and prunes it). A cached copy is reused only when its size equals the remote object's (one `info` request);
-a changed object is downloaded again.
+`CACHE/remote/<scheme>/<bucket-or-host>/<path>` (readable as the umask allows, the same across runs; cache.py
+owns the layout and prunes it). A cached copy is reused only when it is the copy imgcls made (its
+`.NAME.meta.json` names its inode and size) of the object as it is now: the same size and, where the store
+gives one (S3's ETag, GCS's md5, an HTTP server's ETag), the same ETag or checksum, recorded at download (one
+`info` request). A changed object is downloaded again, also one changed to the same size.
 
 A download goes to a temp file (`.NAME.XXXXXXXX.part`, beside the copy) that is renamed over the cache path
 only when complete and of the listed size: a killed or failed download never leaves a short file under the shard's
@@ -33,11 +35,17 @@ from typing import Any
 
 from imgcls.data.shards import cache
 from imgcls.errors import ConfigError, DataError, StorageError
+from imgcls.redaction import redact_url
+from imgcls.storage import readable_mode
 
 log = logging.getLogger(__name__)
 
 PIPE = cache.PIPE
 _CHUNK = 1 << 20
+# What identifies an object's content, by fsspec implementation: s3fs "ETag", gcsfs "md5Hash"/"etag",
+# HTTP "ETag"/"Content-MD5"/"Digest" (then "Last-Modified", a plain http.server's only one), adlfs
+# "etag"/"content_settings"; first found wins. None of them: the size alone.
+_CHECKSUM_KEYS = ("ETag", "etag", "md5", "md5Hash", "checksum", "crc32c", "Content-MD5", "Digest", "Last-Modified")
 
 
 def is_remote(path: str) -> bool:
@@ -98,9 +106,9 @@ def list_names(url: str, storage_options: Mapping[str, Any] | None = None) -> li
 
 def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, Any] | None = None) -> str:
     """A local path holding the bytes of `url`: the path itself when local, else a copy under `cache_dir`,
-    downloaded once (reused while its size equals the remote size), atomically; safe when several processes
-    ask at once. pipe:CMD runs CMD once and keeps its stdout (there is no remote size to compare: delete the
-    copy to fetch it again); so is an HTTP file whose server states no size."""
+    downloaded once (reused while the object keeps its size and ETag or checksum), atomically; safe when
+    several processes ask at once. pipe:CMD runs CMD once and keeps its stdout (there is nothing remote to
+    compare: delete the copy to fetch it again); so is an HTTP file whose server states no size or ETag."""
     url = str(url)
     if not is_remote(url):
         return _local_path(url)
@@ -108,24 +116,26 @@ def local_copy(url: str, cache_dir: str | None, storage_options: Mapping[str, An
         raise ConfigError(
             f"data.shard_cache is not set; {url} is copied there before it is read (set a folder on local disk)"
         )
-    target = cache.copy_path(str(cache_dir), url)
+    cache_dir = str(cache_dir)
+    target = cache.copy_path(cache_dir, url)
     if url.startswith(PIPE):
-        if os.path.exists(target):
+        if cache.cached_copy(target, None, None):
             cache.used(target)
         else:
-            with _lock(target):
-                if not os.path.exists(target):
-                    _download(url, target, lambda tmp: _run_pipe_to(url, tmp), size=None)
+            with _lock(cache_dir, target):
+                if not cache.cached_copy(target, None, None):
+                    _download(cache_dir, url, target, lambda tmp: _run_pipe_to(url, tmp), size=None, etag=None)
         return target
     fs, path = _filesystem(url, storage_options)
-    size = _remote_size(fs, path, url)
-    if _usable(target, size):
+    size, etag = _remote_info(fs, path, url)
+    if cache.cached_copy(target, size, etag):
         cache.used(target)
         return target
-    with _lock(target):
-        if not _usable(target, size):  # another process may have fetched it while we waited
-            log.info("downloading %s (%s bytes) to %s", url, size, target)
-            _download(url, target, lambda tmp: _copy_remote(fs, path, url, tmp), size=size)
+    with _lock(cache_dir, target):
+        if not cache.cached_copy(target, size, etag):  # another process may have fetched it while we waited
+            # a URL's userinfo and a signed URL's query are credentials: neither goes to the log
+            log.info("downloading %s (%s bytes) to %s", redact_url(url), size, target)
+            _download(cache_dir, url, target, lambda tmp: _copy_remote(fs, path, url, tmp), size=size, etag=etag)
     return target
 
 
@@ -192,9 +202,9 @@ def _invalidate(fs: Any, path: str) -> None:
         fs.invalidate_cache(path)
 
 
-def _remote_size(fs: Any, path: str, url: str) -> int | None:
-    """The object's size; None from an HTTP server that does not state it (then, as for pipe:, a copy once
-    made is kept)."""
+def _remote_info(fs: Any, path: str, url: str) -> tuple[int | None, str | None]:
+    """The object's size and ETag or checksum; each None where the store does not state it (both None: as for
+    pipe:, a copy once made is kept)."""
     _invalidate(fs, path)
     try:
         info = fs.info(path)
@@ -203,19 +213,12 @@ def _remote_size(fs: Any, path: str, url: str) -> int | None:
     if info.get("type") == "directory":
         raise DataError(f"cannot read {url}: it is a folder, not a shard file")
     size = info.get("size")
-    return None if size is None else int(size)
-
-
-def _usable(target: str, size: int | None) -> bool:
-    try:
-        cached = os.stat(target).st_size
-    except OSError:
-        return False
-    return size is None or cached == size
+    etag = next((str(info[k]) for k in _CHECKSUM_KEYS if info.get(k) not in (None, "")), None)
+    return (None if size is None else int(size)), etag
 
 
 @contextlib.contextmanager
-def _lock(target: str) -> Iterator[None]:
+def _lock(cache_dir: str, target: str) -> Iterator[None]:
     folder = os.path.dirname(target)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -223,7 +226,7 @@ def _lock(target: str) -> Iterator[None]:
         raise StorageError(f"cannot create {folder} (data.shard_cache): {exc.strerror or type(exc).__name__}") from None
     fd = None
     with contextlib.suppress(OSError):  # no lock file or no flock: each process downloads its own temp file
-        fd = os.open(cache.lock_path(target), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = cache.open_lock(cache_dir, target)
         fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         yield
@@ -232,24 +235,36 @@ def _lock(target: str) -> Iterator[None]:
             os.close(fd)  # closing releases the lock
 
 
-def _download(url: str, target: str, fetch: Any, size: int | None) -> None:
-    """fetch(temp path) writes the bytes; they become `target` only when complete."""
-    tmp = cache.download_temp(target)
+def _download(cache_dir: str, url: str, target: str, fetch: Any, size: int | None, etag: str | None) -> None:
+    """fetch(temp path) writes the bytes; they become `target` only when complete, with their record (the
+    ETag or checksum `etag` they were fetched for) beside them."""
+    fd, tmp = -1, ""
     try:
-        fetch(tmp)
-        got = os.stat(tmp).st_size
+        fd, tmp = cache.download_temp(cache_dir, target)
+        fetch(tmp)  # fsspec writes by name (s3fs opens the path): the name must still be our temp afterwards
+        made, now = os.fstat(fd), os.lstat(tmp)
+        if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+            raise StorageError(f"cannot write {target} (data.shard_cache): {tmp} was replaced during the download")
+        got = made.st_size
         if size is not None and got != size:
-            raise DataError(f"cannot read {url}: the download stopped at {got} of {size} bytes")
-        os.chmod(tmp, 0o644)
+            raise DataError(f"cannot read {redact_url(url)}: the download stopped at {got} of {size} bytes")
+        os.fchmod(fd, readable_mode())  # as readable as the user's other files: the umask decides, not imgcls
+        cache.write_meta(cache_dir, target, fd, etag, url)
+        cache.record(cache_dir, target)
         os.replace(tmp, target)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp:
+            with contextlib.suppress(OSError):
+                if os.lstat(tmp).st_ino == os.fstat(fd).st_ino:
+                    os.unlink(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
             raise StorageError(
                 f"cannot write {target} (data.shard_cache): {exc.strerror or type(exc).__name__}"
             ) from None
         raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _copy_remote(fs: Any, path: str, url: str, tmp: str) -> None:
@@ -298,7 +313,8 @@ def _failure(verb: str, url: str, exc: BaseException) -> Exception:
     for e in chain:
         if isinstance(e, TypeError):  # fsspec hands unknown options to the client, which refuses them there
             return ConfigError(f"data.storage_options is not accepted for {url}: {str(e).splitlines()[0]}")
-    return DataError(f"cannot {verb} {url}: {_reason(chain)}")
+    # a URL's userinfo and a signed query stay out of the line (aiohttp's messages quote the URL too)
+    return DataError(redact_url(f"cannot {verb} {url}: {_reason(chain)}"))
 
 
 _CONNECTION = {
