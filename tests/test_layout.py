@@ -15,7 +15,17 @@ DISPATCH = re.compile(r"imgcls(\.\w+)+:\w+")
 # The layers, lowest first (docs/architecture.md, "The layers"): a module may import its own layer and the ones before
 # it. A module's layer is that of the longest prefix listed here.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("imgcls.errors", "imgcls.storage", "imgcls.distributed", "imgcls.typed_config", "imgcls.seeding")),
+    (
+        "base",
+        (
+            "imgcls.errors",
+            "imgcls.storage",
+            "imgcls.distributed",
+            "imgcls.typed_config",
+            "imgcls.seeding",
+            "imgcls.redaction",
+        ),
+    ),
     ("config", ("imgcls.config",)),
     ("data", ("imgcls.data",)),
     ("models", ("imgcls.models",)),

@@ -24,6 +24,7 @@ from imgcls.config import overrides
 from imgcls.config.checks import EVALUATE, TRAIN, Check, check_config
 from imgcls.config.hardware import resolve_auto_hardware
 from imgcls.errors import UserError
+from imgcls.redaction import redact_overrides, secrets_to_environment
 from imgcls.run.log_setup import route_library_logs
 from imgcls.run.rundir import launch_overrides, task_name
 from imgcls.run.sweep_results import SWEEP_FAILURES  # each failed job's line and exit code (also in the results table)
@@ -36,11 +37,14 @@ log = logging.getLogger("imgcls")
 
 
 def check_command_line(config_name: str, table: dict[str, Check] | None = None) -> None:
-    """sys.argv's overrides checked before Hydra runs (imgcls.config.overrides): a mistake is one line, exit code 2."""
+    """sys.argv's overrides checked before Hydra runs (imgcls.config.overrides): a mistake is one line, exit code 2.
+    Then the credentials typed there leave sys.argv for the environment, before Hydra, W&B or a DDP launcher
+    records sys.argv (imgcls.redaction.secrets_to_environment)."""
     try:
         overrides.check_command_line(config_name, sys.argv[1:], table)
     except UserError as exc:
         fail(str(exc), exc.exit_code)
+    sys.argv[1:] = secrets_to_environment(sys.argv[1:])
 
 
 def check_group_choices(argv: list[str]) -> None:
@@ -73,7 +77,7 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         message, code = error
         if not _in_multirun():
             fail(message, code)
-        job = f"job {HydraConfig.get().job.num} ({','.join(_varying_overrides())})"
+        job = f"job {HydraConfig.get().job.num} ({','.join(redact_overrides(_varying_overrides()))})"
         log.error("%s failed: %s", job, message)
         SWEEP_FAILURES.append((f"{job}: {message}", code))
         return None

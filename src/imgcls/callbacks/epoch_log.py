@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from imgcls.callbacks.charts import plot_runs
 from imgcls.callbacks.report import ReportCallback, best_row
+from imgcls.redaction import redact_overrides
 from imgcls.training.checkpoint import best_path, last_path
 
 log = logging.getLogger("imgcls")
@@ -56,11 +57,12 @@ def run_command(run_dir: Path) -> str | None:
 
 
 def run_overrides(run_dir: Path) -> list[str]:
-    """The command-line overrides of this run: Hydra's record of them when Hydra started the run."""
+    """The command-line overrides of this run: Hydra's record of them when Hydra started the run, credentials as
+    *** (they are printed and written into report.json)."""
     if HydraConfig.initialized():
-        return list(HydraConfig.get().overrides.task)
+        return redact_overrides(HydraConfig.get().overrides.task)
     saved = run_dir / ".hydra" / "overrides.yaml"
-    return [str(o) for o in OmegaConf.load(saved)] if saved.is_file() else []
+    return redact_overrides(str(o) for o in OmegaConf.load(saved)) if saved.is_file() else []
 
 
 class EpochLog(L.Callback):

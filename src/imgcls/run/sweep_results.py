@@ -26,6 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.distributed import is_rank_zero
+from imgcls.redaction import redact_overrides
 from imgcls.storage import write_atomic, write_json_atomic
 
 # (line, exit code) per multirun job that ended with a user error (imgcls.cli.guarded appends to it); train_main
@@ -79,7 +80,9 @@ def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     for hydra_file in sweep_dir.rglob(".hydra/hydra.yaml"):
         try:
             hydra = OmegaConf.load(hydra_file).hydra
-            jobs.append((int(hydra.job.num), [str(o) for o in hydra.overrides.task], hydra_file.parent.parent))
+            jobs.append(
+                (int(hydra.job.num), redact_overrides(str(o) for o in hydra.overrides.task), hydra_file.parent.parent)
+            )
         except Exception:  # noqa: BLE001 - a file Hydra did not finish writing: not a job's
             log.warning("sweep results: %s is unreadable; its job is left out", hydra_file)
     jobs.sort()

@@ -14,6 +14,7 @@ from imgcls.config.hardware import resolve_auto_hardware
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.inference.trained import preprocessing_of
 from imgcls.quantization.calibration import calibration_batches
+from imgcls.redaction import redact
 from imgcls.run.loggers import build_loggers, close_loggers
 from imgcls.run.plan import resolve_plan
 from imgcls.run.rundir import check_run_files_are_ours
@@ -61,9 +62,9 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     # 5. Model: identical initial weights on every rank (seeding.py).
     seed_for_init(int(cfg.seed))
     resolved = to_dict(cfg, resolve=True)
-    module = ClassificationModule(
+    module = ClassificationModule(  # the checkpoint's, CSV's, TensorBoard's and W&B's copy of the config: no secret
         model=resolved["model"], recipe=resolved["recipe"], plan=plan.as_dict(), classes=datamodule.classes,
-        run_config=resolved,
+        run_config=redact(resolved),
     )  # fmt: skip
     if cfg.recipe.get("qat"):  # recipe=qat: fake INT8 quantizers, ranges from training images (quantization/)
         qat, preprocessing = cfg.recipe.qat, preprocessing_of(cfg.data)
@@ -92,7 +93,8 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         run_dir.mkdir(parents=True, exist_ok=True)
         # Renamed into place: under torchrun or srun the other ranks check this file (step 3) while rank 0 writes
         # it, and a half-written one is not an imgcls config (a resumed 2-rank run stopped on it).
-        write_atomic(run_dir / "config.yaml", lambda tmp: OmegaConf.save(cfg, tmp, resolve=True))
+        saved = OmegaConf.create(redact(resolved))  # the resolved config, credentials as ***
+        write_atomic(run_dir / "config.yaml", lambda tmp: OmegaConf.save(saved, tmp))
         log.info("run dir %s; plan %s", run_dir, plan.as_dict())
 
     # 8. Fit.

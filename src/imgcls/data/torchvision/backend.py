@@ -98,7 +98,7 @@ class ShardBackend(TorchvisionBackend):
             split,
             transform,
             self.cfg.get("shard_cache"),  # null (an older checkpoint's config): remote.py says so for a URL
-            OmegaConf.to_container(self.cfg.storage_options) if self.cfg.get("storage_options") else {},
+            OmegaConf.to_container(self.cfg.storage_options, resolve=True) if self.cfg.get("storage_options") else {},
             object_boxes=split == "train" and uses_object_boxes(self.cfg),
         )
 
