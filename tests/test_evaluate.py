@@ -32,9 +32,9 @@ def _evaluate(tmp_path: Path, *overrides: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_evaluate_equals_the_validation_training_logged(trained: Path, tmp_path: Path) -> None:
+def test_evaluate_equals_the_validation_training_logged(trained: Path, image_folder: Path, tmp_path: Path) -> None:
     last_row = read_report(trained)["epochs"][-1]
-    metrics = _evaluate(tmp_path, f"ckpt={trained / 'checkpoints' / 'last.ckpt'}")
+    metrics = _evaluate(tmp_path, f"ckpt={trained / 'checkpoints' / 'last.ckpt'}", f"data.root={image_folder}")
     # Same weights, val batches and torchmetrics as training's last validation: the same numbers.
     assert metrics["val.top1"] == last_row["val.top1"]
     assert metrics["val.top5"] == last_row["val.top5"]
@@ -58,7 +58,7 @@ def test_tfrecords_without_a_manifest_take_the_checkpoints_class_names(
     shards.unlink()  # convert returns the manifest it wrote
     shards = shards.parent
     ckpt = f"ckpt={trained / 'checkpoints' / 'last.ckpt'}"
-    from_folder = _evaluate(tmp_path / "folder", ckpt, f"data.backend={backend}")
+    from_folder = _evaluate(tmp_path / "folder", ckpt, f"data.root={image_folder}", f"data.backend={backend}")
     common = (ckpt, f"data.root={shards}", "data.format=tfrecord", f"data.backend={backend}")
     from_records = _evaluate(tmp_path / "records", *common)
     assert from_records["val.top1"] == from_folder["val.top1"]
@@ -72,10 +72,11 @@ def test_tfrecords_without_a_manifest_take_the_checkpoints_class_names(
 
 
 @pytest.mark.slow
-def test_use_ema_evaluates_the_ema_weights(trained: Path, tmp_path: Path) -> None:
+def test_use_ema_evaluates_the_ema_weights(trained: Path, image_folder: Path, tmp_path: Path) -> None:
     last_row = read_report(trained)["epochs"][-1]
     assert last_row["val_ema.loss"] != last_row["val.loss"]  # otherwise this test could not tell them apart
-    metrics = _evaluate(tmp_path, f"ckpt={trained / 'checkpoints' / 'last.ckpt'}", "use_ema=true")
+    ckpt = f"ckpt={trained / 'checkpoints' / 'last.ckpt'}"
+    metrics = _evaluate(tmp_path, ckpt, "use_ema=true", f"data.root={image_folder}")
     assert metrics["val.top1"] == last_row["val_ema.top1"]
     assert metrics["val.loss"] == pytest.approx(last_row["val_ema.loss"], rel=1e-6)
 
@@ -85,7 +86,7 @@ def test_weights_export_and_plain_state_dict_evaluate_like_the_checkpoint(
     trained: Path, image_folder: Path, tmp_path: Path
 ) -> None:
     ckpt = trained / "checkpoints" / "last.ckpt"
-    expected = _evaluate(tmp_path / "ckpt", f"ckpt={ckpt}")
+    expected = _evaluate(tmp_path / "ckpt", f"ckpt={ckpt}", f"data.root={image_folder}")
     model = load_trained(ckpt)
     export_weights(model, tmp_path / "export.pt")  # metadata inside: no model= needed
     exported = _evaluate(tmp_path / "export", f"ckpt={tmp_path / 'export.pt'}", f"data.root={image_folder}")

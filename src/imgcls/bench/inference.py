@@ -172,7 +172,7 @@ def _network(cfg: DictConfig) -> tuple[nn.Module, str, int, Any]:
         net = build_network(OmegaConf.create({**model_cfg, "weights": None}), 1000)
         return net.eval(), model_cfg["arch"], int(model_cfg["image_size"]), precision
     trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg)
-    precision = precision_config(cfg, trained.run_config.get("precision"))
+    precision = precision_config(cfg, trained.precision)
     return trained.net, trained.arch, int(trained.preprocessing.get("image_size") or 224), precision
 
 

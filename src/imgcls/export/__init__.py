@@ -7,8 +7,9 @@
   (key "imgcls"), so `imgcls.classify backend=onnx` needs nothing else.
 - torchscript: torch.jit.trace, metadata in the archive's extra file "imgcls.json".
 - int8: INT8 post-training quantization of the onnx export (imgcls.export.int8): a Q/DQ ONNX model
-  calibrated on `calibration.images` training images of the checkpoint's data.root (or `data.root=DIR`),
-  with the onnx export's metadata plus how it was quantized; runs on ONNX Runtime (classify, evaluate.py).
+  calibrated on `calibration.images` training images of `data.root=DIR` (required: a file never says where
+  data is, inference/trained.py), with the onnx export's metadata plus how it was quantized; runs on ONNX
+  Runtime (classify, evaluate.py).
 - triton: a Triton Inference Server model repository around the onnx export (imgcls.export.triton:
   `repo=DIR [name=] [max_batch=128] [trt_precision=fp32|fp16] [tensorrt=false]`).
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from imgcls.config.compose import compose_train, model_config, required_ckpt
 from imgcls.errors import ConfigError, DataError
@@ -79,7 +80,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "onnx": lambda t, path: export_onnx(t, path, opset),
         "torchscript": export_torchscript,
         "int8": lambda t, path: quantization.update(
-            int8.write_int8(t, path, calibration_data(cfg, t, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
+            int8.write_int8(t, path, calibration_data(cfg, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
         ),
     }
     # The user's file at output= stays whole until the new one is complete (storage.write_atomic).
@@ -105,20 +106,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-def calibration_data(cfg: DictConfig, trained: TrainedModel, ckpt: str) -> DictConfig:
-    """The data config calibration reads: the checkpoint's, with data.root=/data.num_workers=/
-    data.on_bad_image= of the command line; a weights export has no data config, so data.root= is needed."""
+def calibration_data(cfg: DictConfig, ckpt: str) -> DictConfig:
+    """The data config calibration reads: the user's train config (data=folder) with data.root= (required),
+    data.num_workers= and data.on_bad_image= of the command line. Never the checkpoint's: its stored root, format
+    or cache is the file's author's choice, not the user's (a `pipe:` root runs a shell command)."""
     given = {k: v for k, v in (to_dict(cfg.data) if cfg.get("data") else {}).items() if v is not None}
-    if trained.run_config.get("data"):
-        base = OmegaConf.create(trained.run_config["data"])
-    else:
-        base = compose_train(["data=folder"]).data
-        if not given.get("root"):
-            raise DataError(f"format=int8 needs data.root=DIR (training images to calibrate on) for ckpt={ckpt}")
-    data = merge(base, given)
-    if not data.get("root") or str(data.root) == "???":
-        raise DataError("format=int8 needs data.root=DIR (a folder dataset with train/ to calibrate on)")
-    return data
+    if not given.get("root"):
+        raise DataError(f"format=int8 needs data.root=DIR (training images to calibrate on) for ckpt={ckpt}")
+    train_cfg = compose_train(["data=folder"])
+    train_cfg.data.root = str(given["root"])
+    return merge(to_dict(train_cfg.data, resolve=True), given)
 
 
 def export_weights(trained: TrainedModel, path: Path) -> None:

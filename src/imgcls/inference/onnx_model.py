@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from imgcls.errors import CheckpointError
+from imgcls.inference.trained import checked_classes, checked_preprocessing
 
 METADATA_KEY = "imgcls"  # the metadata_props key imgcls.export writes and this module reads
 
@@ -105,4 +106,10 @@ def load_onnx(path: str | Path, threads: int | None = None, key: str = "ckpt") -
         or not isinstance(metadata.get("preprocessing"), dict)
     ):
         raise CheckpointError(f"{key}={path} has unreadable imgcls metadata (re-export it)")
+    # An ONNX file is as untrusted as a checkpoint (inference/trained.py): its classes and preprocessing are
+    # checked to be plain values before they reach a transform or a config.
+    source = f"{key}={path}"
+    metadata["classes"] = checked_classes(metadata["classes"], source)
+    metadata["preprocessing"] = checked_preprocessing(metadata["preprocessing"], source)
+    metadata["image_size"] = metadata["preprocessing"]["image_size"]
     return OnnxModel(session, str(path), metadata)

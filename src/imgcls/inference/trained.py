@@ -2,17 +2,30 @@
 
 The one loader that evaluate, classify, export and the inference benchmark share (models/weights.py reads
 the files; models/factory.py builds the network).
+
+A weights file is untrusted input: whoever hands one over chooses every value in it. So only what describes the
+network is taken from it (the model keys, the val preprocessing, the class names, the training's precision name and
+val batch size, the QAT recipe values that an export describes), each checked to be a plain value of its type, and
+no string holding `${` is accepted anywhere: a stored config is never made into an OmegaConf config that would
+resolve `${oc.env:...}` and the like. Where the data is, how it is read and cached, what to trace: none of that is
+read from a file (a stored data.root of `pipe:CMD` is a shell command, `${oc.env:SECRET}` a secret sent to a URL);
+it comes from the user's command line and config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import timm
+import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from imgcls.config.checks import DATA, MODEL, PRECISION, RECIPE, Check, choice, integer
+from imgcls.config.compose import CONF_DIR, options
 from imgcls.data.imagenet_classes import imagenet_names
 from imgcls.errors import CheckpointError
 from imgcls.models.factory import build_network, se_width_of
@@ -31,6 +44,26 @@ from imgcls.typed_config import to_dict
 
 # The data keys that make up the val preprocessing (what imgcls.data.transforms.val_transform reads).
 PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "val_crop_padding", "interpolation", "mean", "std")
+# Resize interpolations of timm's transforms (PIL) and of DALI (data/dali/pipelines.py INTERPOLATION).
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "triangular", "box", "hamming")
+# What a stored val preprocessing value may be: the training config's rules, plus a closed set of interpolation
+# names (config.checks leaves it to the library, but a stored string must not be free-form).
+PREPROCESSING_CHECKS: dict[str, Check] = {
+    **{k: DATA[f"data.{k}"] for k in PREPROCESSING_KEYS if k != "interpolation"},
+    "interpolation": choice(*INTERPOLATIONS),
+}
+# The model keys a stored model config may give, with the training config's rules; other keys are dropped.
+MODEL_CHECKS: dict[str, Check] = {k.removeprefix("model."): c for k, c in MODEL.items() if k != "model.weights"}
+# Of a stored precision config: its name (one of conf/precision/) and these switches; the rest is the user's file.
+PRECISION_SWITCHES = ("channels_last", "tf32", "cpu_fp16")
+# Of a stored recipe: what qat.describe says of a QAT network in its exports.
+RECIPE_CHECKS: dict[str, Check] = {
+    "name": RECIPE["recipe.name"],
+    "epochs": RECIPE["recipe.epochs"],
+    **{k.removeprefix("recipe."): check for k, check in RECIPE.items() if k.startswith("recipe.qat.")},
+}
+BATCH_LIMIT = 1 << 20  # a stored batch size above this is not a batch size
+NAME_LIMIT = 200  # characters of a stored name (arch, model name, class name)
 
 
 @dataclass
@@ -44,8 +77,12 @@ class TrainedModel:
     preprocessing: dict[str, Any]
     ema: bool = False
     kind: str = "checkpoint"  # checkpoint | weights | state_dict
-    run_config: dict[str, Any] = field(default_factory=dict)
     quantizers: dict[str, Any] | None = None  # recipe=qat: the fake quantizers' layout (quantization/qat.py)
+    # Of a training checkpoint only, each checked (module docstring): the training's precision config (the user's
+    # conf/precision/NAME.yaml with the run's switches), its val batch size, and its recipe's QAT values.
+    precision: dict[str, Any] | None = None
+    val_batch_size: int | None = None
+    recipe: dict[str, Any] = field(default_factory=dict)
 
     def metadata(self) -> dict[str, Any]:
         meta = {
@@ -58,13 +95,137 @@ class TrainedModel:
             "ema": self.ema,
         }
         if self.quantizers is not None:  # what an export of a QAT network says of itself (as format=int8's does)
-            meta["quantization"] = qat.describe(self.run_config)
+            meta["quantization"] = qat.describe({"recipe": self.recipe})
         return meta
 
 
 def preprocessing_of(data_cfg: Any) -> dict[str, Any]:
+    """The val preprocessing of the user's own data config (a file's is read by checked_preprocessing)."""
     data = to_dict(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
     return {k: data.get(k) for k in PREPROCESSING_KEYS}  # get: checkpoints older than val_crop_padding lack it
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refuse(source: str, key: str, value: Any, allowed: str) -> CheckpointError:
+    return CheckpointError(f"{source} holds {key}={_shown(value)}, which is not allowed: it must be {allowed}")
+
+
+def _mapping(value: Any, source: str, key: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise _refuse(source, key, value, "a mapping of names to values")
+    return value
+
+
+def _checked(value: Any, check: Check, source: str, key: str) -> Any:
+    """value when `check` allows it, as a plain value (a list of numbers as a list); else one CheckpointError line.
+    A string is refused when it holds `${` whatever the check says: read into an OmegaConf config it would be
+    resolved (an environment variable read, a resolver run) where it is used."""
+    if isinstance(value, str) and ("${" in value or len(value) > NAME_LIMIT or not value.isprintable()):
+        plain = f"a plain string (no ${{...}} interpolation, no control characters, at most {NAME_LIMIT} characters)"
+        raise _refuse(source, key, value, plain)
+    allowed = check(value)
+    if allowed is not None:
+        raise _refuse(source, key, value, allowed)
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _name(value: Any) -> str | None:
+    """A check for the stored names that config.checks leaves free (`anything`): a string or null."""
+    return None if value is None or isinstance(value, str) else "a string or null"
+
+
+def checked_preprocessing(stored: Any, source: str, where: str = "preprocessing") -> dict[str, Any]:
+    """The val preprocessing of a weights file (PREPROCESSING_KEYS), each value checked; `source` (`ckpt=PATH`)
+    names the file in the error, `where` the mapping the file holds them in."""
+    stored = _mapping(stored, source, where)
+    # val_crop_padding: null where a file predates it; the other keys every imgcls file has.
+    return {k: _checked(stored.get(k), PREPROCESSING_CHECKS[k], source, f"{where}.{k}") for k in PREPROCESSING_KEYS}
+
+
+def checked_classes(stored: Any, source: str) -> list[str]:
+    if not isinstance(stored, (list, tuple)) or not stored:
+        raise _refuse(source, "classes", stored, "a list of class names")
+    not_str = "a string (class names are plain strings)"
+    return [_checked(name, lambda v: None if isinstance(v, str) else not_str, source, "classes") for name in stored]
+
+
+def checked_model(stored: Any, source: str) -> dict[str, Any]:
+    """The model keys of a weights file that build the network (MODEL_CHECKS), each checked; an architecture timm
+    does not have is refused here (timm.create_model of a name like `hf-hub:...` would download it). The file's
+    model.weights is never read: the weights are the file's own."""
+    stored = _mapping(stored, source, "model")
+    model: dict[str, Any] = {}
+    for key, check in MODEL_CHECKS.items():
+        if key in stored:
+            rule = _name if check(object()) is None else check  # `anything` in the config's table: a name here
+            model[key] = _checked(stored[key], rule, source, f"model.{key}")
+    arch = model.get("arch")
+    if not isinstance(arch, str) or not timm.is_model(arch):
+        raise _refuse(source, "model.arch", arch, "an architecture of timm")
+    return {**model, "weights": None}
+
+
+def checked_precision(stored: Any, source: str) -> dict[str, Any] | None:
+    """The training's precision: the user's conf/precision/NAME.yaml for the stored name (only the name and the
+    PRECISION_SWITCHES booleans are taken from the file); None without one (a checkpoint without run config)."""
+    if stored is None:
+        return None
+    stored = _mapping(stored, source, "precision")
+    name = _checked(stored.get("name"), choice(*options("precision")), source, "precision.name")
+    precision = to_dict(OmegaConf.load(CONF_DIR / "precision" / f"{name}.yaml"), resolve=True)
+    for key in PRECISION_SWITCHES:
+        if key in stored and key in precision:
+            precision[key] = _checked(stored[key], PRECISION[f"precision.{key}"], source, f"precision.{key}")
+    return precision
+
+
+def checked_recipe(stored: Any, source: str) -> dict[str, Any]:
+    """The recipe values an export of a QAT network describes (RECIPE_CHECKS), each checked."""
+    if stored is None:
+        return {}
+    stored = _mapping(stored, source, "recipe")
+    recipe: dict[str, Any] = {}
+    for key, check in RECIPE_CHECKS.items():
+        *parents, leaf = key.split(".")
+        node: Any = stored
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping) or node.get(leaf) is None:
+            continue
+        rule = _name if check(object()) is None else check
+        value = _checked(node[leaf], rule, source, f"recipe.{key}")
+        target = recipe
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = value
+    return recipe
+
+
+def _tensors(stored: Any, source: str) -> dict[str, torch.Tensor]:
+    if not isinstance(stored, Mapping) or not all(isinstance(v, torch.Tensor) for v in stored.values()):
+        raise CheckpointError(f"{source} holds a state_dict that is not a mapping of names to tensors")
+    return {str(k): v for k, v in stored.items()}
+
+
+def val_batch_size_of(hparams: Mapping[str, Any], source: str) -> int | None:
+    """The val batch training ran (data.val_batch_size, else data.batch_size, else the plan's per-device batch),
+    so that evaluation's numbers are the ones training logged; None where the file says none."""
+    run_config = hparams.get("run_config")
+    data = run_config.get("data") if isinstance(run_config, Mapping) else None
+    plan = hparams.get("plan")
+    candidates = [
+        ("data.val_batch_size", data.get("val_batch_size") if isinstance(data, Mapping) else None),
+        ("data.batch_size", data.get("batch_size") if isinstance(data, Mapping) else None),
+        ("plan.per_device_batch", plan.get("per_device_batch") if isinstance(plan, Mapping) else None),
+    ]
+    for key, value in candidates:
+        if value is not None:
+            return int(_checked(value, integer(1, BATCH_LIMIT), source, key))
+    return None
 
 
 def _build(model_cfg: dict[str, Any], num_classes: int) -> nn.Module:
@@ -91,49 +252,63 @@ def load_trained(
     a foreign state_dict (classes default to ImageNet's for a 1000-way head); for ours model_cfg must agree.
     blob: the file's content when the caller has already read it."""
     blob = read_torch_file(path, key) if blob is None else blob
+    source = f"{key}={path}"
     if is_training_checkpoint(blob):
-        hparams, meta = blob["hyper_parameters"], blob["imgcls"]
-        _check_arch(meta["arch"], model_cfg, path, key)
+        hparams = _mapping(blob["hyper_parameters"], source, "hyper_parameters")
+        meta = _mapping(blob["imgcls"], source, "imgcls")
+        model = checked_model(hparams.get("model"), source)
+        _check_arch(model["arch"], model_cfg, path, key)
         prefix = "net."
         if use_ema:
-            if not meta.get("has_ema"):
+            if meta.get("has_ema") is not True:
                 raise CheckpointError(f"{key}={path} has no EMA weights (trained without recipe.ema_decay)")
             prefix = "ema.module."
-        state = {k[len(prefix) :]: v for k, v in blob["state_dict"].items() if k.startswith(prefix)}
-        model = dict(hparams["model"])
-        net = _build(model, len(hparams["classes"]))
+        stored = _tensors(blob["state_dict"], source)
+        state = {k[len(prefix) :]: v for k, v in stored.items() if k.startswith(prefix)}
+        classes = checked_classes(hparams.get("classes"), source)
+        run_config = hparams.get("run_config")
+        run_config = _mapping(run_config, source, "run_config") if run_config is not None else {}
+        preprocessing = checked_preprocessing(run_config.get("data"), source, "run_config.data")
+        precision = checked_precision(run_config.get("precision"), source)
+        val_batch_size = val_batch_size_of(hparams, source)
+        recipe = checked_recipe(hparams.get("recipe", run_config.get("recipe")), source)
+        net = _build(model, len(classes))
         quantizers = blob.get(qat.STATE_KEY)
         if quantizers is not None:  # recipe=qat: the quantizers first, their ranges come with the weights
             net = qat.restore(net, quantizers)
-        load_state(net, state, f"{key}={path}", meta["arch"], new_head_ok=False)
-        prep = preprocessing_of(hparams["run_config"]["data"])
+        load_state(net, state, source, model["arch"], new_head_ok=False)
         return TrainedModel(
             net.eval(),
-            meta["arch"],
+            model["arch"],
             model,
-            list(hparams["classes"]),
-            prep,
+            classes,
+            preprocessing,
             use_ema,
             "checkpoint",
-            hparams["run_config"],
             quantizers,
+            precision=precision,
+            val_batch_size=val_batch_size,
+            recipe=recipe,
         )
     if is_weights_export(blob):
-        _check_arch(blob["arch"], model_cfg, path, key)
-        if use_ema and not blob.get("ema"):
+        model = checked_model(blob.get("model"), source)
+        _check_arch(model["arch"], model_cfg, path, key)
+        if use_ema and blob.get("ema") is not True:
             raise CheckpointError(f"{key}={path} holds the raw weights; export with use_ema=true for the EMA ones")
-        net = _build(blob["model"], len(blob["classes"]))
+        classes = checked_classes(blob.get("classes"), source)
+        preprocessing = checked_preprocessing(blob.get("preprocessing"), source)
+        net = _build(model, len(classes))
         quantizers = blob.get(qat.STATE_KEY)
         if quantizers is not None:  # a weights export of a QAT checkpoint
             net = qat.restore(net, quantizers)
-        load_state(net, blob["state_dict"], f"{key}={path}", blob["arch"], new_head_ok=False)
+        load_state(net, _tensors(blob["state_dict"], source), source, model["arch"], new_head_ok=False)
         return TrainedModel(
             net.eval(),
-            blob["arch"],
-            dict(blob["model"]),
-            list(blob["classes"]),
-            dict(blob["preprocessing"]),
-            bool(blob.get("ema")),
+            model["arch"],
+            model,
+            classes,
+            preprocessing,
+            blob.get("ema") is True,
             "weights",
             quantizers=quantizers,
         )

@@ -3,8 +3,13 @@
 `ckpt=` may be an imgcls training checkpoint (it says which model, classes, preprocessing and precision
 to use), an imgcls weights export (same metadata), a foreign state_dict given `model=NAME` (timm's or
 torchvision's keys), or an ONNX export of imgcls.export, fp32 or INT8, run on ONNX Runtime's CPU provider
-(`evaluate_onnx`: the same metric names, with data.root= from the command line).
+(`evaluate_onnx`: the same metric names).
 (`evaluate.py mode=benchmark` runs imgcls.bench.inference instead: see cli.py.)
+
+The data to evaluate on is the user's for every kind of file: `data.root=` (required) and the other data keys of
+the command line over the train config's data defaults (data=folder), as train.py composes them. A file gives the
+network and its val preprocessing only (inference/trained.py says why): a checkpoint's stored data.root,
+format, cache or trace folder is someone else's choice, and a `pipe:` root is a shell command.
 """
 
 from __future__ import annotations
@@ -51,6 +56,17 @@ def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: st
     return datamodule
 
 
+def user_data(cfg: DictConfig, ckpt: str) -> tuple[DictConfig, dict[str, Any]]:
+    """(data, recipe) of the user's train config (data=folder) at the command line's data.root, resolved in
+    the config's own context; one line without data.root: a checkpoint says which network, not which data."""
+    root = cfg.data.get("root")
+    if not root:
+        raise DataError(f"data.root=PATH is required to evaluate ckpt={ckpt} (a folder or shards with a val split)")
+    train_cfg = compose_train(["data=folder"])
+    train_cfg.data.root = str(root)
+    return OmegaConf.create(to_dict(train_cfg.data, resolve=True)), to_dict(train_cfg.recipe, resolve=True)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg, EVALUATE)  # every value, once, before a checkpoint is read
     ckpt = required_ckpt(cfg)
@@ -59,12 +75,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     blob = read_torch_file(ckpt, "ckpt")
     if is_training_checkpoint(blob):
         trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_config(cfg), blob=blob)
-        train_cfg = OmegaConf.create(trained.run_config)
-        data_cfg = merge(train_cfg.data, data_overrides(cfg))
-        precision = precision_config(cfg, train_cfg.precision)
+        precision = precision_config(cfg, trained.precision)
+        data_cfg, recipe = user_data(cfg, ckpt)
+        # DALI writes the memory format the network runs in, as training's data.channels_last (the model's) did.
+        network = {"channels_last": bool(trained.model_cfg.get("channels_last", False))}
+        data_cfg = merge(data_cfg, trained.preprocessing, network, data_overrides(cfg))
         # The val batch of training, so that the numbers are the ones training logged.
-        batch_size = int(data_cfg.batch_size or blob["hyper_parameters"]["plan"]["per_device_batch"])
-        recipe = to_dict(train_cfg.recipe, resolve=True)
+        batch_size = int(data_cfg.batch_size or trained.val_batch_size or 64)
     else:
         trained, data_cfg, recipe = _weights_only(cfg, ckpt, blob)
         precision = precision_config(cfg)
