@@ -579,13 +579,13 @@ def test_ddp_ranks_read_distinct_parts(ddp_run: Path) -> None:
 
 
 @pytest.mark.slow
-def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, tmp_path: Path) -> None:
+def test_val_top1_same_for_one_and_two_processes(ddp_run: Path, folder: Path, tmp_path: Path) -> None:
     """The 2-process run validated its final weights on uneven parts (10 + 11 images); evaluating the
     same weights (last.ckpt, saved after that validation) in one process must give the same numbers."""
     two = read_report(ddp_run)["epochs"][-1]
     out = tmp_path / "eval.json"
     args = [
-        f"ckpt={ddp_run}/checkpoints/last.ckpt", "data.backend=dali_cpu", "data.batch_size=4",
+        f"ckpt={ddp_run}/checkpoints/last.ckpt", f"data.root={folder}", "data.backend=dali_cpu", "data.batch_size=4",
         "trainer.devices=1", "trainer.accelerator=cpu", f"output={out}", f"hydra.run.dir={tmp_path}",
     ]  # fmt: skip
     result = run_cli("evaluate.py", *args)

@@ -38,14 +38,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Pat
 
 
 @pytest.fixture(scope="module")
-def models(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def models(trained: Path, image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny checkpoint (copied, so that default outputs land in a folder of this test) and its fp32 and INT8
     ONNX exports, the INT8 one at the default path beside the checkpoint."""
     folder = tmp_path_factory.mktemp("int8")
     ckpt = folder / "tiny.ckpt"
     shutil.copy(trained / "checkpoints" / "last.ckpt", ckpt)
     export(compose_config([f"ckpt={ckpt}", "format=onnx"], config_name="export"))
-    summary = export(compose_config([f"ckpt={ckpt}", "format=int8", "calibration.images=40"], config_name="export"))
+    summary = export(
+        compose_config(
+            [f"ckpt={ckpt}", "format=int8", "calibration.images=40", f"data.root={image_folder}"], config_name="export"
+        )
+    )
     assert summary["output"] == str(folder / "tiny_int8.onnx")  # the default: <stem>_int8.onnx beside ckpt
     assert summary["quantization"]["calibration_images"] == 40
     return {"ckpt": ckpt, "fp32": folder / "tiny.onnx", "int8": folder / "tiny_int8.onnx"}
@@ -86,7 +90,8 @@ def test_uint8_activations_for_onnxruntime_cpu(models: dict[str, Path], image_fo
     """calibration.activations=uint8: asymmetric uint8 activations (ORT CPU's fully fused kernels), int8 weights."""
     out = tmp_path / "u8.onnx"
     export(compose_config([f"ckpt={models['ckpt']}", "format=int8", "calibration.activations=uint8",
-                           "calibration.images=24", f"output={out}"], config_name="export"))  # fmt: skip
+                           "calibration.images=24", f"output={out}", f"data.root={image_folder}"],
+                          config_name="export"))  # fmt: skip
     model = onnx.load(str(out))
     inits = _initializers(model)
     activation_zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]

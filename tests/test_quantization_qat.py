@@ -178,7 +178,8 @@ def test_int8_export_of_a_qat_checkpoint_requantizes_its_fine_tuned_weights_for_
 
     ckpt = qat_run / "checkpoints" / "last.ckpt"
     out = tmp_path / "qat_int8.onnx"
-    overrides = [f"ckpt={ckpt}", "format=int8", f"output={out}", "calibration.images=24", "calibration.batch_size=8"]
+    overrides = [f"ckpt={ckpt}", "format=int8", f"output={out}", "calibration.images=24", "calibration.batch_size=8",
+                 f"data.root={image_folder}"]  # fmt: skip
     export(compose_config(overrides, config_name="export"))
     model = onnx.load(str(out))
     ops = [node.op_type for node in model.graph.node]

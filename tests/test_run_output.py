@@ -49,12 +49,13 @@ def test_one_line_per_epoch_without_a_progress_bar(finished: tuple[Path, str]) -
 
 
 @pytest.mark.slow
-def test_closing_summary_names_the_best_epoch_and_the_charts(finished: tuple[Path, str]) -> None:
+def test_closing_summary_names_the_best_epoch_and_the_charts(finished: tuple[Path, str], image_folder: Path) -> None:
     run_dir, output = finished
     rows = read_report(run_dir)["epochs"]
     best = max(rows, key=lambda r: r["val.top1"])
     assert f"best val.top1 {best['val.top1']:.2f} at epoch {best['epoch'] + 1} of 2" in output
-    assert f"evaluate: python evaluate.py ckpt={run_dir}/checkpoints/best.ckpt" in output
+    # the data too: a checkpoint names none (docs/reliability.md "What imgcls trusts")
+    assert f"evaluate: python evaluate.py ckpt={run_dir}/checkpoints/best.ckpt data.root={image_folder}\n" in output
     for name in ("loss", "accuracy", "lr", "throughput"):
         with Image.open(run_dir / "plots" / f"{name}.png") as image:
             assert image.text.get("Software") == SOFTWARE

@@ -68,11 +68,19 @@ def run_overrides(run_dir: Path) -> list[str]:
 class EpochLog(L.Callback):
     """After ReportCallback in the callback list: it reads the row the report has just made."""
 
-    def __init__(self, report: ReportCallback, run_dir: str | Path, epochs: int, plots: bool = True) -> None:
+    def __init__(
+        self,
+        report: ReportCallback,
+        run_dir: str | Path,
+        epochs: int,
+        plots: bool = True,
+        data_args: list[str] | None = None,
+    ) -> None:
         self.report = report
         self.run_dir = Path(run_dir)
         self.epochs = int(epochs)
         self.plots = plots
+        self.data_args = list(data_args or [])  # what the closing `evaluate:` line adds to ckpt=
         self._logged = -1
         self._started = time.perf_counter()
 
@@ -108,7 +116,7 @@ class EpochLog(L.Callback):
         log.info("run dir %s", self.run_dir)
         ckpt = best_path(self.run_dir) if best_path(self.run_dir).exists() else last_path(self.run_dir)
         if ckpt.exists():
-            log.info("evaluate: %s", shlex.join(["python", "evaluate.py", f"ckpt={ckpt}"]))
+            log.info("evaluate: %s", shlex.join(["python", "evaluate.py", f"ckpt={ckpt}", *self.data_args]))
             log.info("resume:   %s", resume_command(self.run_dir, run_overrides(self.run_dir)))
         if self.plots and self.report.rows:
             try:

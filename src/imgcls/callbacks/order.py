@@ -24,7 +24,17 @@ from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.seeding import RankSeed, RNGState
 from imgcls.callbacks.wandb_media import wandb_media_callbacks
 from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.redaction import redact_url
 from imgcls.training.checkpoint import last_path
+
+
+def data_args(cfg: DictConfig) -> list[str]:
+    """The data overrides that evaluate.py needs to read this run's val split (a checkpoint names no data: a file
+    from elsewhere must not choose what is read, run or fetched)."""
+    args = [f"data.root={redact_url(str(cfg.data.root))}"]
+    if str(cfg.data.get("format") or "folder") != "folder":
+        args.append(f"data.format={cfg.data.format}")
+    return args
 
 
 def training_callbacks(
@@ -39,8 +49,8 @@ def training_callbacks(
         BadImageReport(report, datamodule.bad_images),  # before the report: its rows carry the skipped files
         FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
         report,
-        EpochLog(report, run_dir, int(cfg.recipe.epochs), plots=bool(cfg.callbacks.charts)),  # after the
-        # report: logs the row it has just made
+        EpochLog(report, run_dir, int(cfg.recipe.epochs), plots=bool(cfg.callbacks.charts), data_args=data_args(cfg)),
+        # (after the report: logs the row it has just made)
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
         Preemption(last, requeue=requeue_by()),  # saves last.ckpt at a step boundary
