@@ -30,6 +30,7 @@ from imgcls.errors import CheckpointError, ConfigError, DataError
 from imgcls.inference.onnx_model import is_onnx_path, load_onnx
 from imgcls.inference.trained import PREPROCESSING_KEYS, TrainedModel, load_trained
 from imgcls.models.weights import is_training_checkpoint, is_weights_export, read_torch_file, state_dict_of
+from imgcls.redaction import redact_url
 from imgcls.storage import write_json_atomic
 from imgcls.training.module import ClassificationModule
 from imgcls.training.precision import resolve_precision
@@ -110,7 +111,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "model": trained.arch,
         "weights": "ema" if trained.ema else "raw",
         "precision": str(precision.name),
-        "data.root": str(data_cfg.root),
+        "data.root": redact_url(str(data_cfg.root)),  # printed and written: no userinfo or signed query
         **metrics,
     }
     output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "eval.json"
@@ -168,7 +169,7 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
         "weights": "ema" if model.metadata.get("ema") else "raw",
         "precision": model.precision,
         "backend": "onnxruntime",
-        "data.root": str(root),
+        "data.root": redact_url(str(root)),
         **metrics,
     }
     if model.quantization:
