@@ -30,9 +30,11 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-# PIL warns above 89.5 MP and refuses above 179 MP (decompression-bomb guard); a 12000x9000 photo is 108 MP.
-# We allow up to 2^28 pixels (16384x16384, 805 MB as RGB) and treat anything larger as a bad image.
-MAX_PIXELS = 1 << 28
+# PIL's own decompression-bomb limit (Image.MAX_IMAGE_PIXELS's default, 89.5 MP: 9459x9459, 268 MB as RGB); a
+# larger image is a bad image. A few-hundred-KB file can declare far more (a 12000x12000 PNG: 144 MP, over 1 GB
+# to decode and convert), and every DataLoader worker may decode one at once. A 12000x9000 photo (108 MP) is
+# over it too: resize such images before training.
+MAX_PIXELS = 89_478_485
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is bad, not half grey (PIL's default, made explicit)
 

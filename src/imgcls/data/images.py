@@ -38,12 +38,34 @@ def load_rgb(path: str) -> Image.Image:
 def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         # 16-bit grayscale: PIL's convert("RGB") clips at 255 (a white image); scale to 8 bits instead.
-        array = np.asarray(image, dtype=np.float64)
-        peak = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
-        image = Image.fromarray(np.clip(array * (255.0 / peak) + 0.5, 0, 255).astype(np.uint8), "L")
+        image = _scaled_to_8_bits(image)
     elif image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")  # PIL asks for this before dropping palette transparency
     return image.convert("RGB")  # RGBA: alpha dropped (as torchvision's loader); CMYK/L/LA/P: converted
+
+
+# Pixels scaled at a time: the temporaries stay at a few MB whatever the image's size, where whole-image float64
+# arrays cost 8 bytes a pixel several times over.
+_ROWS_PIXELS = 1 << 20
+
+
+def _scaled_to_8_bits(image: Image.Image) -> Image.Image:
+    """Mode L of a 16-bit (I;16*) or 32-bit integer (I) grayscale image: round(v * 255 / peak), clipped to
+    0..255, in integers. peak is 65535, or 255 for an I image whose values all fit 8 bits."""
+    # getextrema's stubs allow a per-band tuple; a single-band image's maximum is a number.
+    peak = 65535 if image.mode.startswith("I;16") or image.getextrema()[1] > 255 else 255  # type: ignore[operator]
+    width, height = image.size
+    scaled = np.empty((height, width), np.uint8)
+    rows = max(1, _ROWS_PIXELS // max(width, 1))
+    for top in range(0, height, rows):
+        block = np.asarray(image.crop((0, top, width, min(top + rows, height))), dtype=np.int64)
+        np.clip(block, 0, peak, out=block)
+        # floor(v * 255 / peak + 1/2) exactly: the float64 formula's values, without its rounding error.
+        block *= 2 * 255
+        block += peak
+        block //= 2 * peak
+        scaled[top : top + rows] = block
+    return Image.fromarray(scaled, "L")
 
 
 class CheckedImageFolder(ImageFolder):

@@ -120,19 +120,31 @@ class ShardCatalog:
         return bad
 
     def _reread(self, path: str, offset: int) -> tuple[str | None, str | None]:
-        """(record name, image_scan.scan_bytes reason) of the record at `offset` (DALI's source_info)."""
+        """(record name, image_scan.scan_bytes reason) of the record at `offset` (DALI's source_info). A length
+        field (TFRecord) or member size (tar) past the file's end is a DataError, checked before the read: DALI
+        read the record by its index, so it is the shard that is broken, and the read would allocate it."""
         try:
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 if self.shards.format == "tfrecord":  # offset: the record's length field
                     f.seek(offset)
                     (length,) = struct.unpack("<Q", f.read(8))
                     f.seek(4, os.SEEK_CUR)  # the length's checksum
-                    image, _, name, _ = tfrecord.decode_example(f.read(length), path)
+                    tfrecord.check_length(path, None, offset, length, size)
+                    try:
+                        image, _, name, _ = tfrecord.decode_example(f.read(length), path)
+                    except DataError:
+                        return None, None  # DALI parsed it, we cannot: the warning names it by its offset
                 else:  # offset: the member's data, after its 512-byte tar header
                     f.seek(offset - tarfile.BLOCKSIZE)
                     member = tarfile.TarInfo.frombuf(f.read(tarfile.BLOCKSIZE), "utf-8", "surrogateescape")
+                    if member.size > size - offset:
+                        raise DataError(
+                            f"{path}: truncated or corrupt tar (the member at byte {offset} has size {member.size}, "
+                            f"more than the {max(size - offset, 0)} bytes left in the file)"
+                        )
                     image, name = f.read(member.size), webdataset.split_name(member.name)[0]
-        except (OSError, ValueError, struct.error, tarfile.TarError, DataError):
+        except (OSError, ValueError, struct.error, tarfile.TarError):
             return None, None
         return name, scan_bytes(image)
 

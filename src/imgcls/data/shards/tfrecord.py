@@ -153,6 +153,18 @@ def write_record(out: BinaryIO, data: bytes) -> int:
     return _HEADER.size + len(data) + _FOOTER.size
 
 
+def check_length(where: str | Path, number: int | None, offset: int, length: int, size: int) -> None:
+    """A record's length field against the SIZE bytes of its file, before anything of that length is read or
+    allocated: a corrupt (or crafted) length of 2^40 would otherwise be a 1 TiB read, a MemoryError."""
+    left = size - offset - _HEADER.size - _FOOTER.size
+    if length > left:
+        record = f"record {number} at byte {offset}" if number is not None else f"the record at byte {offset}"
+        raise DataError(
+            f"{where}: truncated or corrupt TFRecord ({record} has length {length}, "
+            f"more than the {max(left, 0)} bytes the file has after its framing)"
+        )
+
+
 def iter_records(data: bytes, where: str = "") -> Iterator[bytes]:
     """The records of a whole TFRecord file in memory, checksums verified (a truncated or corrupt shard is
     one DataError naming the record and offset, not a protobuf error later)."""
@@ -166,10 +178,9 @@ def iter_records(data: bytes, where: str = "") -> Iterator[bytes]:
             raise DataError(
                 f"{where}: not a TFRecord file or corrupt (bad length checksum of record {number} at byte {offset})"
             )
+        check_length(where, number, offset, length, len(data))
         start = offset + _HEADER.size
         end = start + length
-        if end + _FOOTER.size > len(data):
-            raise DataError(f"{where}: truncated TFRecord (record {number} at byte {offset} ends past the file)")
         record = bytes(view[start:end])
         if masked_crc(record) != _FOOTER.unpack_from(data, end)[0]:
             raise DataError(f"{where}: corrupt TFRecord (bad data checksum of record {number} at byte {offset})")
@@ -184,7 +195,9 @@ def first_synset(path: str | Path) -> tuple[int, str] | None:
         header = f.read(_HEADER.size)
         if len(header) < _HEADER.size:
             return None
-        data = f.read(_HEADER.unpack(header)[0])
+        length = _HEADER.unpack(header)[0]
+        check_length(path, 0, 0, length, os.fstat(f.fileno()).st_size)
+        data = f.read(length)
     example = _example_class()()
     try:
         example.ParseFromString(data)
@@ -210,9 +223,8 @@ def scan_file(path: str | Path) -> list[tuple[int, int]]:
             length, length_crc = _HEADER.unpack(header)
             if masked_crc(header[:8]) != length_crc:
                 raise DataError(f"{path}: not a TFRecord file or corrupt (bad length checksum at byte {offset})")
+            check_length(path, len(spans), offset, length, size)
             total = _HEADER.size + length + _FOOTER.size
-            if offset + total > size:
-                raise DataError(f"{path}: truncated TFRecord (record {len(spans)} at byte {offset} ends past the file)")
             spans.append((offset, total))
             offset += total
             f.seek(offset)
