@@ -14,7 +14,7 @@ from PIL import Image
 
 from imgcls.cli import guarded
 from imgcls.data.backends import make_backend
-from imgcls.data.bad_images import BadImage
+from imgcls.data.bad_images import MAX_PIXELS, BadImage
 from imgcls.data.image_scan import scan_file
 from imgcls.data.images import load_rgb
 from imgcls.data.protocol import LoaderSpec
@@ -22,7 +22,7 @@ from imgcls.run.train import run
 from tests.conftest import compose_config, make_image_folder, read_report, tiny_overrides
 
 DECODABLE = ["png_named.jpg", "gif_named.jpg", "cmyk.jpg", "gray.jpg", "gray16.png", "rgba.png"]
-# huge.jpg: 12000x9000 (108 MP), over PIL's own pixel limit (89.5 MP), which imgcls no longer raises: a small
+# huge.jpg: 12000x9000 (108 MP), over PIL's own pixel limit (89.5 MP), data.max_image_pixels's default: a small
 # file can declare gigabytes of pixels.
 UNDECODABLE = ["zero_byte.jpg", "truncated.jpg", "text.jpg", "huge.jpg"]
 
@@ -105,7 +105,26 @@ def test_fast_jpeg_check_agrees_with_pil(kinds: Path, tmp_path: Path, monkeypatc
     verdicts = {f.name: scan_file(str(f)) for f in files}
     monkeypatch.setattr(image_scan, "_plain_jpeg", lambda data: False)
     assert verdicts == {f.name: scan_file(str(f)) for f in files}
-    assert verdicts["huge_header.jpg"] == f"larger than {image_scan.MAX_PIXELS} pixels"
+    assert verdicts["huge_header.jpg"] == f"larger than data.max_image_pixels={MAX_PIXELS} pixels"
+
+
+def test_a_raised_pixel_limit_decodes_large_photos_on_both_backends(kinds: Path, tmp_path: Path) -> None:
+    """data.max_image_pixels=120000000: the 108 MP photo is decoded (torchvision) and passes DALI's pre-scan; the
+    DataModule sets the limit before any loader (or forked worker) exists."""
+    from imgcls.data import bad_images
+    from imgcls.data.datamodule import ClassificationDataModule
+
+    root = make_image_folder(tmp_path / "data", classes=2, train_per_class=2, val_per_class=1)
+    cfg = compose_config(tiny_overrides(root, "data.max_image_pixels=120000000"), run_dir=tmp_path / "run")
+    try:
+        ClassificationDataModule(cfg.data, batch_size=2)
+        assert bad_images.max_pixels() == 120_000_000
+        assert load_rgb(str(kinds / "huge.jpg")).size == (12000, 9000)
+        assert scan_file(str(kinds / "huge.jpg")) is None
+    finally:
+        bad_images.set_max_pixels(MAX_PIXELS)
+    with pytest.raises(BadImage, match="exceeds limit of 89478485 pixels"):  # PIL says so first, as it opens
+        load_rgb(str(kinds / "huge.jpg"))
 
 
 def train_epoch_samples(cfg, caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:

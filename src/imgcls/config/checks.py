@@ -323,6 +323,7 @@ DATA: dict[str, Check] = {
     "data.dali_train_antialias": boolean,
     "data.dali_checkpointing": boolean,
     "data.on_bad_image": choice(*BAD_IMAGE_POLICIES),
+    "data.max_image_pixels": POSITIVE,
     "data.trace_dir": anything,
     "data.progressive.enabled": boolean,
     "data.progressive.start_size": POSITIVE,

@@ -33,9 +33,25 @@ log = logging.getLogger(__name__)
 # PIL's own decompression-bomb limit (Image.MAX_IMAGE_PIXELS's default, 89.5 MP: 9459x9459, 268 MB as RGB); a
 # larger image is a bad image. A few-hundred-KB file can declare far more (a 12000x12000 PNG: 144 MP, over 1 GB
 # to decode and convert), and every DataLoader worker may decode one at once. A 12000x9000 photo (108 MP) is
-# over it too: resize such images before training.
+# over it too: resize such images before training, or raise data.max_image_pixels (set_max_pixels).
 MAX_PIXELS = 89_478_485
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+_max_pixels = MAX_PIXELS
+
+
+def set_max_pixels(pixels: int) -> None:
+    """data.max_image_pixels for this process and the DataLoader workers it forks (and PIL's own bomb check, which
+    refuses twice its limit): the DataModule sets it before any loader is built."""
+    global _max_pixels
+    _max_pixels = int(pixels)
+    Image.MAX_IMAGE_PIXELS = _max_pixels
+
+
+def max_pixels() -> int:
+    """The largest image (width x height) that is decoded; a larger one is a bad image."""
+    return _max_pixels
+
+
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is bad, not half grey (PIL's default, made explicit)
 
 

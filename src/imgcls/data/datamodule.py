@@ -12,7 +12,7 @@ import lightning as L
 import torch
 
 from imgcls.data.backends import make_backend
-from imgcls.data.bad_images import BadImageLog
+from imgcls.data.bad_images import BadImageLog, set_max_pixels
 from imgcls.data.demo import ensure_demo_dataset
 from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
 from imgcls.data.protocol import LoaderSpec
@@ -26,6 +26,8 @@ class ClassificationDataModule(L.LightningDataModule):
         if cfg.name == "demo":
             ensure_demo_dataset(cfg.root)
         self.cfg = cfg
+        if cfg.get("max_image_pixels") is not None:  # before a loader (and its forked workers) exists
+            set_max_pixels(int(cfg.max_image_pixels))
         self.batch_size = batch_size
         self.val_batch_size = int(cfg.val_batch_size or batch_size)
         self.seed = seed

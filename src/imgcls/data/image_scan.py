@@ -10,12 +10,12 @@ import io
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from imgcls.data.bad_images import MAX_PIXELS
+from imgcls.data.bad_images import max_pixels
 
 # DALI's decoder stops the whole pipeline on one undecodable file, and it does not decode GIF. The DALI pipelines
 # check each encoded file as the reader hands it over (dali/pipelines.py), before the decoder sees it; a full
 # decode would cost as much as the decode itself, so the check is structural: the header must parse (PIL), the
-# format must be one DALI decodes, the size must be within MAX_PIXELS, and a JPEG/PNG must end with its end
+# format must be one DALI decodes, the size must be within data.max_image_pixels, and a JPEG/PNG must end with its end
 # marker (a truncated file does not). A file damaged in the middle with intact ends passes the check.
 DALI_FORMATS = {"JPEG", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP", "MPO"}
 _END_MARKERS = {"JPEG": b"\xff\xd9", "MPO": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
@@ -28,7 +28,7 @@ _STANDALONE = {0x01, *range(0xD0, 0xD8)}
 
 
 def _plain_jpeg(data: memoryview) -> bool:
-    """True for a JPEG with SOI, a frame header of 1, 3 or 4 components within MAX_PIXELS, and an end marker.
+    """True for a JPEG with SOI, a frame header of 1, 3 or 4 components within data.max_image_pixels, and an end marker.
 
     The check DALI's pipeline runs on every file it reads (dali/pipelines.py check_encoded), so the common case
     is walked here without PIL's parser objects and copy of the file, several times faster.
@@ -52,7 +52,7 @@ def _plain_jpeg(data: memoryview) -> bool:
             if at + 10 > size or length < 8:
                 return False
             height, width = (data[at + 5] << 8) | data[at + 6], (data[at + 7] << 8) | data[at + 8]
-            return 0 < height * width <= MAX_PIXELS and data[at + 9] in (1, 3, 4)
+            return 0 < height * width <= max_pixels() and data[at + 9] in (1, 3, 4)
         if marker in (0xD9, 0xDA) or length < 2:  # image data or end before any frame header
             return False
         at += 2 + length
@@ -72,8 +72,8 @@ def scan_bytes(data: bytes | memoryview | np.ndarray, formats: set[str] = DALI_F
             fmt, pixels = image.format or "?", image.width * image.height
         if fmt not in formats:
             return f"{fmt} is not decoded by this backend"
-        if pixels > MAX_PIXELS:
-            return f"larger than {MAX_PIXELS} pixels"
+        if pixels > max_pixels():
+            return f"larger than data.max_image_pixels={max_pixels()} pixels"
         marker = _END_MARKERS.get(fmt)
         if marker is not None and marker not in data[-4096:].tobytes():
             return f"truncated {fmt} (no end marker)"

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 from torchvision.datasets import ImageFolder, VisionDataset
 
-from imgcls.data.bad_images import MAX_PIXELS, BadImage, BadSample
+from imgcls.data.bad_images import BadImage, BadSample, max_pixels
 from imgcls.data.file_list import FileList
 from imgcls.seeding import seeded
 
@@ -25,8 +25,10 @@ def load_rgb(path: str) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                if image.width * image.height > MAX_PIXELS:
-                    raise BadImage(f"{image.width}x{image.height} is larger than {MAX_PIXELS} pixels")
+                if image.width * image.height > max_pixels():
+                    raise BadImage(
+                        f"{image.width}x{image.height} is larger than data.max_image_pixels={max_pixels()} pixels"
+                    )
                 image.load()
                 return to_rgb(image)
     except BadImage:
