@@ -12,9 +12,9 @@ import torch
 import imgcls.run.train
 from imgcls.data.backends import make_backend
 from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.data.device_prefetch import copier_for, one_batch_ahead
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.protocol import LoaderSpec
-from imgcls.data.torchvision.device_prefetch import copier_for, one_batch_ahead
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.seeding import seeded
 from tests.conftest import compose_config, tiny_overrides
@@ -121,7 +121,7 @@ def test_synthetic_train_loader_resumes_with_the_steps_its_epoch_had_left() -> N
 
 
 class RecordingCopier:
-    """A CPU stand-in for data/torchvision/device_prefetch.CudaCopies: records the order of copies and hand-overs."""
+    """A CPU stand-in for data/device_prefetch.CudaCopies: records the order of copies and hand-overs."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []

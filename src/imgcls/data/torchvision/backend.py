@@ -1,6 +1,6 @@
 """The torchvision backend (data.backend=torchvision): ImageFolder or shard files, PIL decoding and torchvision/timm
 transforms in DataLoader worker processes. Batches leave the workers as uint8 and are normalized on the training
-device (on_device, data/device_normalize.py); a CUDA device gets them copied one step ahead (device_prefetch.py).
+device (on_device, data/device_normalize.py); a CUDA device gets them copied one step ahead (data/device_prefetch.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.device_normalize import DeviceNormalize
+from imgcls.data.device_prefetch import copier_for
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.images import CheckedImageFolder
@@ -21,7 +22,6 @@ from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.shards.stream import ShardRecords, ShardStreamSampler, StopOnRefused
 from imgcls.data.tf_crop import uses_object_boxes
-from imgcls.data.torchvision.device_prefetch import copier_for
 from imgcls.data.torchvision.samplers import RankSampler, ResumableDataLoader
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.distributed import made_once

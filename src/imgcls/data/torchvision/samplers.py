@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from imgcls.data.bad_images import equal_step_counts
-from imgcls.data.torchvision.device_prefetch import one_batch_ahead
+from imgcls.data.device_prefetch import one_batch_ahead
 from imgcls.seeding import sample_seeds
 
 
@@ -98,7 +98,7 @@ class ResumableDataLoader(DataLoader):
     def __init__(self, *args: Any, bad_images: Any = None, copier: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bad_images = bad_images
-        # On a GPU: batches copied one step ahead on a side stream (device_prefetch.py); None: Lightning copies.
+        # On a GPU: batches copied one step ahead on a side stream (data/device_prefetch.py); None: Lightning copies.
         self.copier = copier
         self._consumed = 0  # samples of the current epoch taken from the workers, including a resumed skip
         self._position = 0  # ... up to the last batch handed to the trainer (what a checkpoint records)
