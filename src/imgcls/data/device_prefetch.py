@@ -5,6 +5,12 @@ PrefetchLoader. Lightning copies each batch only when its step starts, on the co
 for its own copy. Hand-written here rather than timm's PrefetchLoader, which replaces the DataLoader: imgcls's
 loader must stay the object Lightning resumes mid-epoch (samplers.ResumableDataLoader), whose position counts
 the batches handed to the trainer, not the one taken ahead.
+
+Both backends use CudaCopies. The torchvision loader stages each batch one ahead in the training thread
+(one_batch_ahead: its workers have made it already). The DALI loader (dali/loader.py) stages a batch in the
+thread that made it, its producer thread with the torch resize, as soon as it exists: staging one ahead in the
+training thread would make the step wait for the next batch's resize. Either way the compute stream waits on
+the GPU for the copy, never the host.
 """
 
 from __future__ import annotations

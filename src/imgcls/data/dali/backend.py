@@ -20,6 +20,11 @@ Lightning has no DALI integration (Lightning #791, won't fix) and DALI's iterato
   (pipelines.ShardSource); remote shards are copied to data.shard_cache first (shards/remote.py) and
   TFRecord index files are found or made there (shards/tfrecord.py), never in the data folder. Their
   keys, labels and names: records.py.
+- Lightning copies a batch to the GPU when its step starts, on the compute stream, and DALI's host outputs are
+  pageable (no device_id): a copy CUDA documents as synchronous with the host. On a CUDA training device every
+  batch reaches it from pinned memory, ahead of its step, off the compute stream (settings.Delivery): dali_cpu's
+  pipeline ends in `.gpu()` as NVIDIA's where DALI resizes (validation included), the torch resize writes pinned
+  batches, and the loader copies the rest (those batches, the labels) on a side stream (device_prefetch.py).
 - Bad files are found as DALI reads them (pipelines.check_encoded), not by opening every file before
   training: the adapter drops the flagged samples from their batch and applies data.on_bad_image, as the
   torchvision backend does with its workers' bad samples. On ImageNet, a scan before training cost minutes
@@ -45,8 +50,9 @@ from imgcls.data.dali.host_resize import HostResize, resize_on_host
 from imgcls.data.dali.loader import Catalog, DaliLoader, reader_error, ring_slots
 from imgcls.data.dali.pipelines import FolderSource, ShardSource, interp_type, train_pipeline, val_pipeline
 from imgcls.data.dali.records import ShardCatalog, shuffle_fill
-from imgcls.data.dali.settings import DaliSettings
+from imgcls.data.dali.settings import DaliSettings, Delivery
 from imgcls.data.device_normalize import DeviceNormalize
+from imgcls.data.device_prefetch import copier_for
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import check_same_classes, classes_of, split_dir
 from imgcls.data.protocol import LoaderSpec
@@ -196,6 +202,52 @@ class DaliBackend:
             return int(position["first_epoch"]) + int(position["epoch"]) + 1, None
         return int(position["first_epoch"]), position
 
+    def _torch_resizes(self, spec: LoaderSpec) -> bool:
+        """Whether SPEC's loader resizes in torch (host_resize.resize_on_host): train only."""
+        settings, size = self.settings, int(spec.image_size or self.settings.image_size)
+        if spec.split != "train":
+            return False
+        return resize_on_host(settings.train_resize, settings.gpu, settings.augment, settings.interpolation, size)
+
+    def delivery(self, spec: LoaderSpec) -> Delivery:
+        """How the batches of SPEC's loader reach its training device (settings.Delivery)."""
+        return self.settings.delivery(spec.device, self._torch_resizes(spec))
+
+    def pipeline_maker(self, spec: LoaderSpec, part: tuple[int, int]) -> Callable[..., Any]:
+        """SPEC's pipeline (train_pipeline or val_pipeline) for this rank's `part` (DALI's shard_id, num_shards),
+        still to be given its source, seed and reader position (`checkpoint`)."""
+        settings, size = self.settings, int(spec.image_size or self.settings.image_size)
+        delivery = self.delivery(spec)
+        common = {
+            "settings": settings,
+            "shard_id": part[0],  # the reader's part of the samples, DALI's shard (loader)
+            "num_shards": part[1],
+            "size": size,
+            "batch_size": spec.batch_size,
+            "num_threads": settings.num_threads,
+            # dali_cpu touches CUDA only for a CUDA training device (settings.Delivery), so it runs without a GPU.
+            "device_id": delivery.device_id,
+            "prefetch_queue_depth": settings.prefetch_queue_depth,
+            "to_device": delivery.pipeline_copies,
+        }
+        if spec.split != "train":
+            return functools.partial(val_pipeline, **common, resize=val_resize_size(self.cfg, size))
+        randaugment = settings.randaugment
+        if spec.augment_magnitude is not None:
+            randaugment = (randaugment[0], int(spec.augment_magnitude))
+        # Reader positions (DALI's checkpointing: the reader's place and random states, for a resume at the exact
+        # batch: loader.DaliLoader.position): 0.2 ms a batch, and a second copy of the names in the reader.
+        return functools.partial(
+            train_pipeline,
+            **common,
+            randaugment=randaugment,
+            host_resize=self._torch_resizes(spec),
+            # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts
+            # the pipeline's source with DALI's autograph (~1 s a build), so only when an augment policy runs.
+            enable_conditionals=settings.augment is not None,
+            enable_checkpointing=settings.saves_reader_position(spec.split),
+        )
+
     def _loader(
         self,
         files: Catalog,
@@ -208,48 +260,18 @@ class DaliBackend:
         signature: tuple,
     ) -> DaliLoader:
         settings = self.settings
-        training = spec.split == "train"
-        reader_positions = settings.saves_reader_position(spec.split)
-        common = {
-            "settings": settings,
-            "shard_id": part[0],  # the reader's part of the samples, DALI's shard (loader)
-            "num_shards": part[1],
-            "size": size,
-            "batch_size": spec.batch_size,
-            "num_threads": settings.num_threads,
-            # dali_cpu never touches CUDA (device_id=None), so it also runs on machines without a GPU.
-            "device_id": torch.cuda.current_device() if settings.gpu else None,
-            "prefetch_queue_depth": settings.prefetch_queue_depth,
-        }
+        delivery = self.delivery(spec)
         host_resize: HostResize | None = None
-        choice = settings.train_resize
-        if training and resize_on_host(choice, settings.gpu, settings.augment, settings.interpolation, size):
+        if self._torch_resizes(spec):
             host_resize = HostResize(
                 size,
                 settings.interpolation,
                 antialias=settings.antialias,
-                pin_memory=settings.pin_memory,
+                pin_memory=delivery.pinned_resize,
                 threads=settings.resize_threads,
                 ring=BatchRing(ring_slots(settings.host_prefetch)),  # as many as the loader's queue keeps alive
             )
-        # Reader positions (DALI's checkpointing: the reader's place and random states, for a resume at the exact
-        # batch: loader.DaliLoader.position): 0.2 ms a batch, and a second copy of the names in the reader.
-        if training:
-            randaugment = settings.randaugment
-            if spec.augment_magnitude is not None:
-                randaugment = (randaugment[0], int(spec.augment_magnitude))
-            make: Callable[..., Any] = functools.partial(
-                train_pipeline,
-                **common,
-                randaugment=randaugment,
-                host_resize=host_resize is not None,
-                # DALI's auto_aug policies branch on data nodes, which needs conditionals; building them converts
-                # the pipeline's source with DALI's autograph (~1 s a build), so only when an augment policy runs.
-                enable_conditionals=settings.augment is not None,
-                enable_checkpointing=reader_positions,
-            )
-        else:
-            make = functools.partial(val_pipeline, **common, resize=val_resize_size(self.cfg, size))
+        make = self.pipeline_maker(spec, part)
 
         def pipeline(epoch: int, reader_position: str | None = None) -> Any:
             """The pipeline with EPOCH's list order and seed (seeding.dali_list_order, dali_pipeline_seed)."""
@@ -271,6 +293,7 @@ class DaliBackend:
             first_epoch=first_epoch,
             restored=position,
             rebuild=pipeline,
+            copier=copier_for(spec.device) if delivery.side_stream else None,
         )
 
 

@@ -12,7 +12,10 @@ The loader (loader.DaliLoader) calls HostResize in a background thread that make
 training step runs on batch N (`data.dali_host_prefetch`, default 1; 0 resizes inside the step).
 
 Batches are written into the loader's ring of batch buffers (batch_ring.py), not into fresh memory each time;
-the loader's queue defines how long a batch stays intact (loader.ring_slots).
+the loader's queue defines how long a batch stays intact (loader.ring_slots). For a CUDA training device with
+data.pin_memory (settings.Delivery.pinned_resize) they are written pinned instead, and the loader's thread queues
+their copy on a side stream as soon as each is written (loader.DaliLoader `copier`), not Lightning on the
+compute stream when the step starts.
 
 `data.dali_train_resize` chooses: `auto`, `torch`, or `dali` (NVIDIA's pipeline). `auto` is torch on
 dali_cpu for train sizes of at least 128 px (every ImageNet recipe), unless a DALI AutoAugment/RandAugment

@@ -107,7 +107,9 @@ class _Batch:
 
     read: torch.Tensor  # the keys of every sample the reader read, bad files included (data.trace_dir)
     bad: torch.Tensor  # the keys of the flagged samples (data.on_bad_image)
-    result: tuple[torch.Tensor, ...] | None  # what the loader yields; None: nothing (all bad, or empty)
+    # What the loader yields (with a copier: its staged copy, which the consumer hands over); None: nothing (all
+    # bad, or empty).
+    result: Any
     # Where it came from, for a resume at this batch (DaliLoader.position): the reader position from which the
     # pipeline makes this batch again (None: the pipeline saves no reader position), the loader's epoch, the DALI
     # batches taken before it in that epoch, and the repeats owed to it for unusable batches before it.
@@ -150,7 +152,13 @@ class DaliLoader:
     thread (prefetch=0: everything in the consumer's thread, as dali's own resize does).
 
     A batch of the torch resize is written into HostResize's ring of buffers: it stays intact while the consumer
-    asks for CONSUMER_HOLDS more batches, not longer (ring_slots); DALI's own outputs are not reused."""
+    asks for CONSUMER_HOLDS more batches, not longer (ring_slots); DALI's own outputs are not reused.
+
+    With a `copier` (a CUDA training device: device_prefetch.CudaCopies), each batch's host tensors are staged
+    (their copy to the device queued on a side stream) in the thread that made the batch, the producer's with
+    the torch resize, as soon as it exists, and handed over (the compute stream waits for that copy only) when
+    the consumer is given the batch. The batch keeps its place in the epoch: staging moves no position, trace
+    line or bad-file record ahead of the batch the consumer has."""
 
     def __init__(
         self,
@@ -165,6 +173,7 @@ class DaliLoader:
         first_epoch: int = 0,
         restored: dict[str, Any] | None = None,
         rebuild: Callable[[int], Any] | None = None,
+        copier: Any = None,
     ) -> None:
         """`spec`: the split, batch, rank and world size this loader serves, and the trainer's limit_batches
         (position's end of an epoch). `settings`: channels_last, host_prefetch, reader_positions (the train pipeline
@@ -174,7 +183,9 @@ class DaliLoader:
         and seed derive from (DaliBackend.loader), kept in each position too: a loader built at the position must
         read the same order. `restored`: the position `pipe` was built at from its reader position
         (DaliBackend._start). `rebuild(epoch)`: a new pipeline like `pipe`, built fresh for that epoch (its list
-        order and seed), for the epoch after one the consumer left early (_finish_epoch)."""
+        order and seed), for the epoch after one the consumer left early (_finish_epoch). `copier`: stage() and
+        hand_over() of device_prefetch.CudaCopies (None: the batches stay where DALI or the resize made them); set
+        it before iterating."""
         batch_size, rank, world_size = spec.batch_size, spec.rank, spec.world_size
         drop_last = spec.split == "train"
         self.channels_last = settings.channels_last
@@ -185,6 +196,10 @@ class DaliLoader:
         self.drop_last = drop_last
         self.refill = drop_last and world_size > 1  # training under DDP: equal step counts (equal_step_counts)
         self.trace = Path(settings.trace_dir) / f"{spec.split}_rank{rank}" if settings.trace_dir else None
+        self.copier = copier
+        # The labels come from the catalog as pageable memory: pinned on a CUDA device, so that their copy is async
+        # too (a batch's worth of int64s: the pinning costs nothing next to the copy it makes asynchronous).
+        self.pin_labels = spec.device is not None and spec.device.type == "cuda" and torch.cuda.is_available()
         self.epoch = 0
         total = len(files)
         # The reader's part for this rank: [floor(r*N/W), floor((r+1)*N/W)), as DALI splits it (its shard_id).
@@ -410,7 +425,8 @@ class DaliLoader:
             images = images.permute(0, 3, 1, 2)
         if self.copy and self.host_resize is None:  # the classic executor reuses its buffers (docstring)
             images = images.clone()
-        result: tuple[torch.Tensor, ...] = (images, self.files.labels(index))
+        labels = self.files.labels(index)
+        result: tuple[torch.Tensor, ...] = (images, labels.pin_memory() if self.pin_labels else labels)
         if "crop_shape" in out:
             result = (*result, out["crop_shape"].clone())
         return _Batch(read, bad, result)
@@ -439,6 +455,9 @@ class DaliLoader:
     def _made(self, start: str | None, consumed: int, batch: Any) -> _Batch:
         made = self._prepare(batch[0])
         made.start, made.epoch, made.consumed = start, self.epoch, consumed
+        if made.result is not None and self.copier is not None:
+            # Here, in the thread that made it: its copy runs while the consumer's step on the batch before does.
+            made.result = self.copier.stage(made.result)
         return made
 
     def _epoch(self) -> Iterator[_Batch]:
@@ -544,7 +563,7 @@ class DaliLoader:
                     "yielded": yielded, "steps": steps, "done": False, "signature": self.signature,
                     "first_epoch": self.first_epoch,
                 }  # fmt: skip
-                yield batch.result
+                yield batch.result if self.copier is None else self.copier.hand_over(batch.result)
             self._ended = True
             if self._position:
                 self._position = {**self._position, "done": True}

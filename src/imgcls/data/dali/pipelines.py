@@ -78,12 +78,16 @@ def interp_type(name: str) -> Any:
     return INTERPOLATION[name]
 
 
-def _finish(images: Any, mirror: Any, settings: DaliSettings) -> Any:
+def _finish(images: Any, mirror: Any, settings: DaliSettings, to_device: bool = False) -> Any:
     """The batch as it leaves the pipeline, in settings.layout, flipped where `mirror` says. dali_gpu: normalized
     float (or fp16) by CMN on the GPU, as NVIDIA's pipelines. dali_cpu: uint8, normalized on the training device
     (DaliBackend.on_device, data/device_normalize.py), as NVIDIA's dali-cpu pipeline (CMN on the GPU after
     `.gpu()`): a float32 batch made on the host is 4x the bytes to make, hold and copy, and host cores are what
-    dali_cpu runs short of."""
+    dali_cpu runs short of. `to_device` (dali_cpu training on a CUDA device: settings.Delivery.pipeline_copies):
+    the uint8 crops go to the GPU by DALI's `.gpu()`, as NVIDIA's, from DALI's pinned buffers on DALI's stream,
+    and the layout and flip run there, off the host cores; the bytes copied are the same uint8 pixels."""
+    if to_device:
+        images = images.gpu()
     if not settings.gpu:
         return fn.crop_mirror_normalize(images, dtype=DALIDataType.UINT8, output_layout=settings.layout, mirror=mirror)
     # CMN takes 0-255 statistics (NVIDIA multiplies the ImageNet constants by 255 too).
@@ -296,13 +300,14 @@ def train_pipeline(
     size: int,
     randaugment: tuple[int, int] = (2, 9),
     host_resize: bool = False,
+    to_device: bool = False,
 ) -> Any:
     """`source`: what to read; `shard_id` of `num_shards`: this rank's part of it. Outputs (images, index,
     bad[, crop shape]) (crop shape: settings.with_crop_shape). host_resize: stop after the ROI decode and return
     (crops, index, bad, mirror[, crop shape]); the loader resizes, flips and normalizes in torch (host_resize.py:
     DALI's CPU resize is slow). settings.tf_crop: TF's sample_distorted_bounding_box with these arguments instead
     of DALI's random crop (crop_scale, crop_ratio unused); object_boxes: against the TFRecords' object boxes (TF1),
-    else the whole image (TF2)."""
+    else the whole image (TF2). to_device: the images output on the pipeline's GPU (_finish)."""
     tf_crop = settings.tf_crop
     boxed = settings.object_boxes  # tf_crop.uses_object_boxes: only with data.train_crop=tf
     jpegs, index, bad, boxes = _read_rank_part(source, shard_id, num_shards, True, boxed)
@@ -348,7 +353,7 @@ def train_pipeline(
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.
         images = rand_augment.rand_augment(images, n=n, m=m, num_magnitude_bins=11, shape=(size, size))
-    images = _finish(images, mirror, settings)
+    images = _finish(images, mirror, settings, to_device)
     if settings.with_crop_shape:
         return images, index, bad, crop_shape
     return images, index, bad
@@ -363,8 +368,10 @@ def val_pipeline(
     num_shards: int,
     size: int,
     resize: int,
+    to_device: bool = False,
 ) -> Any:
-    """`resize`: the shorter side before the centre crop of `size` (transforms.val_resize_size)."""
+    """`resize`: the shorter side before the centre crop of `size` (transforms.val_resize_size); `to_device`: the
+    images output on the pipeline's GPU (_finish)."""
     jpegs, index, bad, _ = _read_rank_part(source, shard_id, num_shards, training=False)
     images = fn.decoders.image(jpegs, device="mixed" if settings.gpu else "cpu", output_type=DALIImageType.RGB)
     # The geometry of torchvision's Resize(resize) + CenterCrop(size) (transforms.val_resize_size), to the pixel:
@@ -386,7 +393,7 @@ def val_pipeline(
     )
     anchor = fn.stack(_half_to_even(new_h - size), _half_to_even(new_w - size))
     images = fn.slice(images, start=anchor, shape=[size, size], axis_names="HW")
-    return _finish(images, 0, settings), index, bad
+    return _finish(images, 0, settings, to_device), index, bad
 
 
 def _half_to_even(diff: Any) -> Any:

@@ -6,8 +6,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from imgcls.data.augment import parse_randaugment
 from imgcls.data.tf_crop import DistortedCrop, crop_spec, uses_object_boxes
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How one loader's batches reach its training device (DaliSettings.delivery).
+
+    `device_id`: the pipeline's CUDA device (DALI's device_id); None: the pipeline never touches CUDA, so dali_cpu
+    runs on machines without a GPU. `pipeline_copies`: dali_cpu's pipeline ends in `.gpu()`, as NVIDIA's dali-cpu
+    pipeline: DALI copies the uint8 batch from its own pinned buffers, on its own stream, `prefetch_queue_depth`
+    batches ahead, and the layout and flip (crop_mirror_normalize) run on the GPU. `pinned_resize`: the torch
+    resize writes its batches into pinned memory (data.pin_memory, as the torchvision DataLoader). `side_stream`:
+    the loader copies what is still on the host (the torch resize's batch, the labels) on a side stream, in the
+    thread that made the batch (device_prefetch.CudaCopies), and the compute stream waits for that copy only."""
+
+    device_id: int | None
+    pipeline_copies: bool
+    pinned_resize: bool
+    side_stream: bool
 
 
 @dataclass(frozen=True)
@@ -15,7 +35,7 @@ class DaliSettings:
     """Every data.* value the DALI backend uses. `with_crop_shape` is a pipeline option with no config key: each
     train crop's (h, w, c) as a further output of the loader, for tests of the crop geometry."""
 
-    gpu: bool  # dali_gpu: nvJPEG decode and GPU resize; dali_cpu never touches CUDA
+    gpu: bool  # dali_gpu: nvJPEG decode and GPU resize; dali_cpu touches CUDA only for a CUDA training device
     image_size: int
     interpolation: str
     mean: tuple[float, ...]
@@ -71,6 +91,21 @@ class DaliSettings:
             reader_positions=bool(cfg.get("dali_checkpointing", True)),
             trace_dir=str(cfg.trace_dir) if cfg.get("trace_dir") else None,
         )
+
+    def delivery(self, device: torch.device | None, host_resize: bool) -> Delivery:
+        """How the batches of a loader for DEVICE (LoaderSpec.device) reach it; `host_resize`: the loader resizes in
+        torch (host_resize.resize_on_host). A CUDA device: every batch from pinned memory and off the compute
+        stream. Where DALI resizes (its fn.resize, the augment policies, validation), DALI's own `.gpu()` copies
+        the batch: it allocates the pipeline's buffers pinned, where pinning them in the loader would be one more
+        copy of the batch on the host cores dali_cpu runs short of. The torch resize writes the batch itself, so
+        it writes it pinned. Elsewhere (a CPU run, evaluate's own loop) dali_cpu leaves CUDA alone."""
+        cuda = device is not None and device.type == "cuda"
+        copies = cuda and not self.gpu and not host_resize
+        device_id = None
+        if self.gpu or copies:
+            index = device.index if cuda and device is not None else None
+            device_id = int(index) if index is not None else torch.cuda.current_device()
+        return Delivery(device_id, copies, cuda and host_resize and self.pin_memory, cuda)
 
     def saves_reader_position(self, split: str) -> bool:
         """Whether SPLIT's reader saves its position: train's, unless data.dali_checkpointing=false (val never
