@@ -80,6 +80,8 @@ ALLOWED: dict[str, str] = {
     "config/overrides.py::check_group_choices": "command: the command line's group choices",
     "config/overrides.py::_check_groups": "command: the command line's groups",
     "config/hardware.py::refuse_auto_on_a_cluster_launcher": "command: a SLURM sweep sized before auto resolves",
+    "config/hardware.py::launch_of": "machine: the layout torchrun or srun gave this process",
+    "config/hardware.py::_fit_launch": "machine: torchrun/srun processes per node and nodes vs GPUs and trainer.*",
     "run/plan.py::accumulation_steps": "machine: the batches over the resolved world size (trainer.devices=auto)",
     "run/plan.py::lookup_batch": "machine: hardware=auto becomes the machine's profile after the checks run",
     "run/plan.py::world_size_of": "machine: the devices this machine has",
