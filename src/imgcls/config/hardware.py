@@ -27,8 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config.compose import compose_config, options
 from imgcls.errors import ConfigError
-from imgcls.run.rundir import INTERACTIVE_JOBS
 from imgcls.typed_config import merge, to_dict
+
+# SLURM job names of an interactive shell (the names lightning.fabric's _is_slurm_interactive_mode checks): there
+# srun does not launch the ranks (run/rundir.py keeps a timestamped run dir for the same reason).
+INTERACTIVE_JOBS = ("bash", "interactive")
 
 log = logging.getLogger(__name__)
 

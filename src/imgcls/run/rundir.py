@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from imgcls.config.hardware import INTERACTIVE_JOBS
 from imgcls.errors import ConfigError
 
 # Keeps mode=plan from writing .hydra/ and the log file (console logging stays). Ranks other than 0 write neither
@@ -23,9 +24,6 @@ NO_HYDRA_FILES = (
     "hydra.job_logging.root.handlers=[console]",
     "~hydra.job_logging.handlers.file",
 )
-
-# SLURM job names of an interactive shell (the names lightning.fabric's _is_slurm_interactive_mode checks).
-INTERACTIVE_JOBS = ("bash", "interactive")
 
 
 def launch_id(env: Mapping[str, str] | None = None) -> str | None:
