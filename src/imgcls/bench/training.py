@@ -3,16 +3,20 @@
 The run's own model, precision, batch, data backend (real folders or `data=synthetic`) and Trainer, for
 benchmark.warmup + benchmark.iterations training iterations (micro-batches); only the iterations after
 the warm-up are timed. Reports NVIDIA's train.total_ips, train.compute_ips, train.data_time and
-train.compute_time to RUN_DIR/benchmark.json and stdout. The callbacks are a training run's own
-(imgcls.callbacks.order.training_callbacks: report, NaN and preemption checks, checkpoints at epoch ends, progress bar),
-so the timed loop is the real one; the benchmark's timer is added on top. No validation, no loggers.
+train.compute_time to RUN_DIR/benchmark.json and stdout. The per-step callbacks are a training run's own
+(imgcls.callbacks.order.training_callbacks: report, NaN and preemption checks, progress bar), so the timed loop is
+the real one; the benchmark's timer is added on top. No checkpoint callbacks, no validation, no loggers.
+
+The run is one epoch of exactly warmup + iterations batches on every rank, so the timed window holds steps only:
+an epoch end (the report's all-reduce, FiniteLoss's check, the epoch line), validation or a checkpoint inside it
+would be timed as if every step paid for it. data=synthetic's train split is sized to that; real data whose epoch
+is shorter is refused in one line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import warnings
 from pathlib import Path
@@ -109,6 +113,14 @@ class BenchmarkTimer(L.Callback):
         }
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        window = self.warmup + self.iterations
+        if trainer.num_training_batches < window:  # (inf: a loader without a length never ends an epoch)
+            raise ConfigError(
+                f"benchmark.warmup + benchmark.iterations = {self.warmup} + {self.iterations} = {window} iterations "
+                f"a rank, but an epoch of the train data is {trainer.num_training_batches} batches a rank "
+                f"({trainer.world_size} rank(s)): at most {trainer.num_training_batches} in all, so that no epoch end "
+                "is timed; or data=synthetic"
+            )
         self.timer.reset()  # warmup=0: the first batch's data wait counts from here
         if self.warmup == 0:
             self._count_host_syncs(pl_module.device)
@@ -140,6 +152,25 @@ class BenchmarkTimer(L.Callback):
             trainer.should_stop = True
 
 
+def window_config(cfg: DictConfig, window: int, samples_per_step: int) -> DictConfig:
+    """A copy of `cfg` whose fit is one epoch of `window` batches a rank, then stops: nothing but steps until the
+    timer's last iteration. `samples_per_step`: the per-device batch times the world size."""
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        trainer = cfg.trainer
+        # The run length is the benchmark's: the epoch ends with the last timed iteration (the LR schedule
+        # still spans recipe.epochs of such epochs: finite).
+        trainer.max_epochs, trainer.min_epochs, trainer.max_steps, trainer.min_steps = 1, None, -1, None
+        trainer.limit_train_batches = window
+        trainer.overfit_batches, trainer.fast_dev_run = 0.0, False  # both would shorten the epoch
+        trainer.limit_val_batches, trainer.num_sanity_val_steps = 0, 0  # NVIDIA benchmark_training: no validation
+        cfg.callbacks.checkpoint = None  # no ckpt (conf/train.yaml `mode:`): not after the window either
+        cfg.callbacks.early_stopping_patience = None  # it monitors validation, which a benchmark has none of
+        if cfg.data.backend == "synthetic":  # the same batch every step: an epoch of any length costs nothing
+            cfg.data.train_samples = window * samples_per_step
+    return cfg
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     resolve_auto_hardware(cfg)  # hardware=auto: the profile of this machine's GPUs, timed as it would train
     check_config(cfg)
@@ -148,6 +179,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     plan = resolve_plan(cfg)
+    cfg = window_config(cfg, warmup + iterations, plan.per_device_batch * plan.world_size)
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
     resolved = to_dict(cfg, resolve=True)
     module = ClassificationModule(
@@ -156,15 +188,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("compile"):
         module.compile_network()  # as train.py does
 
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        # Enough optimizer steps for the iterations (the LR schedule needs a finite length); the timer
-        # callback stops at exactly warmup + iterations micro-batches, over epoch ends if the data is small.
-        cfg.trainer.max_steps = math.ceil((warmup + iterations) / plan.accumulation) + 1
-        cfg.trainer.max_epochs = -1
-        cfg.trainer.limit_train_batches = None
-        cfg.trainer.limit_val_batches = 0
-        cfg.trainer.num_sanity_val_steps = 0
     timer = BenchmarkTimer(warmup, iterations)
     callbacks, _ = training_callbacks(cfg, run_dir, datamodule)
     trainer = build_trainer(cfg, plan, [*callbacks, timer], [])
