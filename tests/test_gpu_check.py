@@ -19,7 +19,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from imgcls.bench import gpu_check, overhead
+from imgcls.bench import bare_loop, gpu_check, overhead
 from imgcls.config.checks import check_config
 from imgcls.config.published import throughput_table
 from imgcls.run.plan import resolve_plan
@@ -62,6 +62,15 @@ def test_dry_run_covers_every_gpu_path_and_each_command_composes(capsys, hardwar
                                    "--repeats", "1"], command  # fmt: skip
             configs[path] = overhead.compose(command[9:], 40, 10, "/tmp/unused")
             continue
+        if path == "cifar_bare_loop":  # bench.bare_loop: its own flags (test_cifar_bare_loop_matches_... checks them)
+            assert command[:3] == ["python", "-m", "imgcls.bench.bare_loop"], command
+            bare_loop.parser().parse_args(command[3:])
+            continue
+        if path == "dali_gpu_tests":
+            assert command == ["python", "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                               "tests/test_dali_device_copies.py"]  # fmt: skip
+            assert (ROOT / command[-1]).is_file()
+            continue
         assert command[:2] == ["python", "train.py"], command
         cfg = compose_config(command[2:])
         check_config(cfg)
@@ -76,6 +85,25 @@ def test_dry_run_covers_every_gpu_path_and_each_command_composes(capsys, hardwar
     assert configs["compile"].compile is True
     assert configs["dali_gpu"].data.backend == "dali_gpu" and configs["dali_gpu"].data.root == "/data/imagenet"
     assert configs["dali_cpu"].data.backend == "dali_cpu" and configs["dali_cpu"].data.pin_memory is True
+    # dali_cpu's other train resize, in benchmark mode (so it has a host-syncs figure)
+    resize = configs["dali_cpu_dali_resize"]
+    assert (resize.data.backend, resize.data.dali_train_resize, resize.data.pin_memory) == ("dali_cpu", "dali", True)
+    assert resize.mode == "benchmark" and configs["dali_cpu"].data.dali_train_resize == "auto"
+    # a short real run of dali_cpu that validates: the validation loader's batches reach the GPU
+    dali_train = configs["dali_cpu_train"]
+    assert (dali_train.mode, dali_train.data.backend, dali_train.trainer.limit_val_batches) == ("train", "dali_cpu", 2)
+    assert dali_train.trainer.limit_train_batches == 40 and dali_train.trainer.check_val_every_n_epoch == 1
+    # NVIDIA's EfficientNet-B0 recipe with AutoAugment, on the given photos through dali_cpu, batch 256 on 1 GPU
+    effnet = configs["dali_cpu_efficientnet"]
+    assert (effnet.model.arch, effnet.data.augment, effnet.data.backend) == (
+        "efficientnet_b0",
+        "autoaugment",
+        "dali_cpu",
+    )
+    assert (effnet.data.root, effnet.mode, effnet.trainer.devices) == ("/data/imagenet", "benchmark", 1)
+    assert resolve_plan(effnet, check_devices=False).per_device_batch == 256
+    for path in ("dali_gpu", "dali_cpu", "dali_cpu_dali_resize", "dali_cpu_efficientnet"):
+        assert configs[path].mode == "benchmark" and configs[path].benchmark.iterations == 40, path
     syncbn, ddp = configs["syncbn_efficientnet"], configs["ddp_nccl"]
     assert syncbn.model.arch == "efficientnet_b0" and syncbn.trainer.sync_batchnorm and syncbn.trainer.devices == 8
     # NVIDIA's TF2 recipe as it trains: RMSpropTF with EMA, AMP; on synthetic data
@@ -244,6 +272,8 @@ class FakeRuns:
         self.commands.append(command)
         if "imgcls.bench.overhead" in command:
             output.write("some log line\n" + self.outputs["overhead"] + "\n")
+        elif "imgcls.bench.bare_loop" in command or "pytest" in command:
+            output.write(self.outputs[command[2]] + "\n")
         else:
             run_dir = Path(next(a.split("=", 1)[1] for a in command if a.startswith("hydra.run.dir=")))
             name, document = self.outputs[run_dir.name]
@@ -622,3 +652,124 @@ def test_cifar_end_to_end_row_reads_a_real_report(image_folder, tmp_path) -> Non
         row["note"],
     ), row
     assert row["status"] == ("FAILED" if ": FAILED" in row["note"] else "ok")  # host timing on CPU: either
+
+
+# --- the rows that catch a slow host path (issue 39) ----------------------------------------------------------------
+
+
+def bare_loop_output(samples: int, wall_s: float) -> str:
+    result = {"samples": samples, "steps": samples // 256, "wall_s": wall_s, "ips": samples / wall_s}
+    return "loader warming up\nbare_loop: " + json.dumps(result)
+
+
+def test_cifar_bare_loop_runs_after_the_cifar_row_with_its_composed_settings(tmp_path) -> None:
+    planned = checks(tmp_path)
+    assert list(planned).index("cifar_bare_loop") == list(planned).index("cifar_end_to_end") + 1
+    bare = bare_loop.parser().parse_args(list(planned["cifar_bare_loop"].overrides))
+    cfg = compose_config(list(planned["cifar_end_to_end"].overrides))
+    plan = resolve_plan(cfg, check_devices=False)
+    assert (bare.arch, bare.image_size, bare.data) == (cfg.model.arch, cfg.model.image_size, cfg.data.root)
+    assert (bare.batch, plan.per_device_batch, plan.accumulation) == (256, 256, 1)
+    assert (bare.workers, bare.prefetch) == (cfg.data.num_workers, cfg.data.prefetch_factor) == (14, 4)
+    assert bare.channels_last is cfg.model.channels_last is True and cfg.data.pin_memory is True
+    assert (bare.momentum, bare.label_smoothing) == (cfg.recipe.momentum, cfg.recipe.label_smoothing)
+    assert (cfg.recipe.optimizer, cfg.precision.name, cfg.recipe.ema_decay) == ("sgd", "amp", None)
+    assert cfg.data.augment is None and list(cfg.data.train_crop_scale) == [0.08, 1.0]  # bare: the same crop, no policy
+
+
+@pytest.mark.parametrize(
+    ("imgcls_ips", "status", "ratio"),
+    [(10000, "ok", "1.00"), (9524, "ok", "1.05"), (6135, "FAILED", "1.63")],  # 1.63x: the trainer gap of issue 39
+)
+def test_cifar_bare_loop_marks_the_epoch_at_105_percent(tmp_path, monkeypatch, imgcls_ips, status, ratio) -> None:
+    check = checks(tmp_path)["cifar_bare_loop"]
+    fake = FakeRuns({"imgcls.bench.bare_loop": bare_loop_output(49920, 4.992)})  # 10000 img/s
+    monkeypatch.setattr(gpu_check, "run_process", fake)
+    row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"cifar_end_to_end": {"ips": imgcls_ips}})
+    assert row["status"] == status, row
+    assert row["ips"] == pytest.approx(10000)
+    assert row["note"] == (f"bare loop 49920 images in 5.0 s; cifar_end_to_end's epoch {ratio}x the bare loop's wall "
+                           f"time a sample ({imgcls_ips} img/s, mark <= 1.05x)" + (": FAILED" if status == "FAILED"
+                                                                                  else ""))  # fmt: skip
+    assert fake.commands[0][:3] == [sys.executable, "-m", "imgcls.bench.bare_loop"]
+
+
+def test_cifar_bare_loop_without_the_cifar_row_or_its_line(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["cifar_bare_loop"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"imgcls.bench.bare_loop": bare_loop_output(49920, 5.0)}))
+    alone = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+    assert (
+        alone["status"] == "ok" and "no cifar_end_to_end row in this run: the 1.05x mark not checked" in alone["note"]
+    )
+    failed = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"cifar_end_to_end": {"ips": None}})
+    assert failed["status"] == "FAILED" and "cifar_end_to_end has no img/s" in failed["note"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"imgcls.bench.bare_loop": "Traceback"}))
+    broken = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200, done={"cifar_end_to_end": {"ips": 9000}})
+    assert broken["status"] == "FAILED" and "no 'bare_loop: {...}' line" in broken["note"]
+
+
+def test_bare_loop_trains_an_epoch_of_a_folder_and_prints_its_wall_time(image_folder, capsys) -> None:
+    argv = ["--data", str(image_folder), "--arch", "test_resnet", "--image-size", "16", "--batch", "2",
+            "--workers", "0", "--max-steps", "2"]  # fmt: skip
+    assert bare_loop.main(argv) == 0
+    figures = gpu_check.parse_bare_loop(capsys.readouterr().out)
+    assert (figures["samples"], figures["steps"]) == (4, 2) and figures["wall_s"] > 0
+    assert figures["ips"] == pytest.approx(4 / figures["wall_s"])
+
+
+@pytest.mark.parametrize(("ips", "status"), [(2300, "ok"), (2241, "ok"), (2000, "FAILED")])  # 0.9 x 2489 = 2240.1
+def test_dali_cpu_efficientnet_marks_nvidias_b0_throughput(tmp_path, monkeypatch, ips: float, status: str) -> None:
+    check = checks(tmp_path)["dali_cpu_efficientnet"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"dali_cpu_efficientnet": benchmark(ips, 2600, 0.0)}))
+    row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == status and row["published"] == 2489, row
+    assert f"{ips / 2489:.2f}x NVIDIA's efficientnet_b0 amp 2489 img/s (mark >= 0.90x)" in row["note"]
+    assert "host syncs 0.00 a step (mark <= 0.1)" in row["note"]
+
+
+def test_dali_cpu_rows_have_the_host_syncs_mark(tmp_path, monkeypatch) -> None:
+    for path in ("dali_cpu", "dali_cpu_dali_resize", "dali_cpu_efficientnet"):
+        monkeypatch.setattr(gpu_check, "run_process", FakeRuns({path: benchmark(3000, 3100, 0.5)}))
+        row = gpu_check.execute(checks(tmp_path)[path], "dgxa100", 1, gpu_name=H200)
+        assert row["status"] == "FAILED" and "host syncs 0.50 a step (mark <= 0.1): FAILED" in row["note"], path
+
+
+def test_dali_cpu_train_row_must_validate(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["dali_cpu_train"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"dali_cpu_train": report(900, 1000, top1=12.5)}))
+    row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "ok" and row["note"] == "val.top1 12.5%", row
+    name, document = report(900, 1000)
+    del document["run"]["val.top1"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"dali_cpu_train": (name, document)}))
+    row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED" and "no finite val.top1 in report.json" in row["note"]
+
+
+def test_dali_gpu_tests_row_runs_pytest_and_fails_with_it(tmp_path, monkeypatch) -> None:
+    check = checks(tmp_path)["dali_gpu_tests"]
+    fake = FakeRuns({"pytest": "...\n==== 7 passed in 12.3s ===="})
+    monkeypatch.setattr(gpu_check, "run_process", fake)
+    row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "ok" and row["note"] == "pytest -m gpu tests/test_dali_device_copies.py: 7 passed in 12.3s"
+    assert fake.commands[0][:4] == [sys.executable, "-m", "pytest", "-m"]
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"pytest": "1 failed, 6 passed in 9s"}, returncode=1))
+    assert gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)["status"] == "FAILED"
+
+
+def test_dali_rows_fit_one_cifar_epoch_whatever_steps_says(tmp_path) -> None:
+    planned = {c.path: c for c in gpu_check.checks("dgxa100", 1, "/data/cifar", 300, str(tmp_path), workers=14)}
+    for path in ("dali_gpu", "dali_cpu", "dali_cpu_dali_resize", "dali_cpu_efficientnet"):
+        assert "benchmark.iterations=185" in planned[path].overrides, path  # 10 warm-up + 185 = 195 batches of 256
+    assert "benchmark.iterations=300" in planned["bf16"].overrides
+
+
+def test_every_row_has_an_estimate_and_all_fit_ten_minutes(tmp_path, capsys) -> None:
+    planned = gpu_check.checks("dgxa100", 8, "/data/cifar", 40, str(tmp_path))
+    assert sorted(gpu_check.ESTIMATE_S) == sorted(gpu_check.PATHS) == sorted(c.path for c in planned)
+    assert gpu_check.budget_s(planned) <= gpu_check.TOTAL_BUDGET_S == 600
+    assert gpu_check.main(["--dry-run", "--gpus", "1", "--hardware", "dgxa100"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"18 rows, about {gpu_check.budget_s(planned) / 60:.1f} min on one H200 (an estimate, not a measurement" in err
+    )

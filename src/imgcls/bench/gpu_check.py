@@ -26,7 +26,14 @@ Pass marks besides (each row's note says its marks and the figures):
 - resnet50_amp_benchmark: train.total_ips >= 0.97 x train.compute_ips;
 - bare_loop (`python -m imgcls.bench.overhead`: a bare PyTorch loop over the resnet50 AMP benchmark's network
   and batch, run right after it): the resnet50_amp_benchmark row's img/s >= 0.95 x the bare loop's; the mark
-  sits on the bare_loop row, whose note also gives overhead's own imgcls row as a cross-check.
+  sits on the bare_loop row, whose note also gives overhead's own imgcls row as a cross-check;
+- cifar_bare_loop (`python -m imgcls.bench.bare_loop`, right after cifar_end_to_end: the same epoch in a plain
+  PyTorch loop with the settings that row composes to): cifar_end_to_end's epoch wall time a sample <= 1.05x the
+  bare loop's. Its steps are short, so host work imgcls adds shows (the resnet50 rows' ~43 ms steps hide it);
+- dali_cpu_efficientnet (NVIDIA's EfficientNet-B0 recipe, AutoAugment on the host): img/s >= 0.9x NVIDIA's
+  published one-GPU EfficientNet-B0 AMP img/s; dali_cpu_train (a short real run) must validate (finite val.top1);
+  dali_gpu_tests is `pytest -m gpu tests/test_dali_device_copies.py`, failing with it.
+The rows should take about ESTIMATE_S seconds each on one H200 (an estimate): within TOTAL_BUDGET_S in all.
 """
 
 from __future__ import annotations
@@ -65,15 +72,37 @@ SOURCES = {
 # In the order they run: the single-GPU resnet50 benchmark before the DDP rows (ddp_nccl is compared with it).
 PATHS = (
     "amp+GradScaler", "bf16", "fp32", "tf32", "channels_last", "compile", "dali_gpu", "dali_cpu",
-    "resnet50_amp_benchmark", "bare_loop", "syncbn_efficientnet", "ddp_nccl", "cifar_end_to_end",
+    "dali_cpu_dali_resize", "dali_cpu_train", "dali_cpu_efficientnet", "dali_gpu_tests",
+    "resnet50_amp_benchmark", "bare_loop", "syncbn_efficientnet", "ddp_nccl", "cifar_end_to_end", "cifar_bare_loop",
 )  # fmt: skip
+# Seconds each row should take on one H200 at --steps 40, start-up included: an estimate, not a measurement. The
+# nine rows that ran on an H200 (2026-11-26, docs/benchmarks.md) took 347 s together, about 32 s a row (compile
+# ~90 s): a row costs its process's start (imports, CUDA context, cuDNN autotuning, workers), not its 50 steps.
+# The total must stay within TOTAL_BUDGET_S, so that a GPU lent for 15 minutes (its start included) runs it once.
+ESTIMATE_S = {
+    "amp+GradScaler": 35, "bf16": 32, "fp32": 32, "tf32": 32, "channels_last": 32, "compile": 90, "dali_gpu": 25,
+    "dali_cpu": 25, "dali_cpu_dali_resize": 25, "dali_cpu_train": 25, "dali_cpu_efficientnet": 25,
+    "dali_gpu_tests": 30, "resnet50_amp_benchmark": 32, "bare_loop": 25, "syncbn_efficientnet": 32, "ddp_nccl": 32,
+    "cifar_end_to_end": 30, "cifar_bare_loop": 20,
+}  # fmt: skip
+TOTAL_BUDGET_S = 600
+CIFAR_EPOCH_MARK = 1.05  # cifar_end_to_end's epoch wall time a sample <= this x the bare loop's (cifar_bare_loop)
+# NVIDIA's EfficientNet-B0 AMP throughput on one GPU of the profile (published_runs.csv): dali_cpu with its
+# AutoAugment recipe must reach this fraction of it (a GPU DALI pipeline made NVIDIA's; here the host decodes and
+# augments, so the mark is what a host-side regression would miss, not a measured figure of this path).
+DALI_CPU_EFFICIENTNET_MARK = 0.9
+DALI_BATCHES = 195  # the dali rows read the CIFAR train JPEGs at batch 256: warm-up + --steps must fit one epoch
 MAX_SYNCS_PER_STEP = 0.1  # every row with a host-syncs figure fails past this
 COMPARED = "resnet50_amp_benchmark"  # the row bare_loop (run right after it) and ddp_nccl compare with
 DDP_ONE_PROCESS, DDP_PER_GPU = 0.95, 0.9  # ddp_nccl >= 0.95x COMPARED's img/s on 1 GPU, >= 0.9 x N x it on N
 VALIDATED = ("val.top1", "val_ema.top1")  # the training row's report must have these (finite): it validated, with EMA
 KILL_GRACE_S = 10.0  # a timed-out row's process group: seconds from SIGTERM to SIGKILL (and to wait after it)
 OVERHEAD = ("-m", "imgcls.bench.overhead")  # the bare_loop row's program (not train.py)
+BARE_LOOP = ("-m", "imgcls.bench.bare_loop")  # the cifar_bare_loop row's program
+PYTEST = ("-m", "pytest")  # the dali_gpu_tests row's program
+DALI_GPU_TESTS = ("-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_dali_device_copies.py")
 VAL_BATCHES = 4  # the end-to-end row's validation: a few batches (their wall time counts in its train wall on CUDA)
+CIFAR_ROW = "cifar_end_to_end"  # the row cifar_bare_loop (run right after it) compares with
 BARE, IMGCLS = "bare PyTorch loop", "imgcls (mode=benchmark)"  # bench.overhead's table rows
 
 
@@ -109,13 +138,15 @@ def checks(
     """The checks for `gpus` visible GPUs of `hardware`, each a train.py (or bench.overhead) command line;
     `workers`: the end-to-end row's data.num_workers (None: loader_workers())."""
 
-    def run(path: str, *overrides: str, devices: int = 1, mode: str = "benchmark") -> tuple[str, ...]:
+    def run(
+        path: str, *overrides: str, devices: int = 1, mode: str = "benchmark", iterations: int | None = None
+    ) -> tuple[str, ...]:
         common = [
             f"hardware={hardware}", f"trainer.devices={devices}", "callbacks.progress_bar=none",
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run_root}/{path.replace('+', '_')}",
         ]  # fmt: skip
         if mode == "benchmark":
-            common += ["mode=benchmark", "benchmark.warmup=10", f"benchmark.iterations={steps}"]
+            common += ["mode=benchmark", "benchmark.warmup=10", f"benchmark.iterations={iterations or steps}"]
         elif mode == "epoch":  # one whole epoch of a real training run, batch 256, a few val batches
             common += [
                 "recipe.epochs=1",
@@ -137,6 +168,7 @@ def checks(
         return (*overrides, *common)
 
     synthetic = ("data=synthetic",)
+    dali_steps = min(steps, DALI_BATCHES - 10)
     full = "tf32" if hardware == "dgxa100" else "fp32"  # the full-precision column NVIDIA published
     photos = ("data=folder", f"data.root={data_root}")
     return [
@@ -151,9 +183,30 @@ def checks(
         Check("channels_last", run("channels_last", "model=resnet50", f"precision={full}",
                                    "precision.channels_last=true", *synthetic)),
         Check("compile", run("compile", "model=resnet50", "precision=amp", "compile=true", *synthetic)),
-        Check("dali_gpu", run("dali_gpu", "model=resnet50", "precision=amp", *photos, "data.backend=dali_gpu")),
+        Check("dali_gpu", run("dali_gpu", "model=resnet50", "precision=amp", *photos, "data.backend=dali_gpu",
+                              iterations=dali_steps)),
+        # The dali rows read one epoch of the photos (195 batches of the CIFAR train JPEGs): warm-up + timed
+        # iterations must fit it (mode=benchmark times one epoch), whatever --steps says.
         Check("dali_cpu", run("dali_cpu", "model=resnet50", "precision=amp", *photos, "data.backend=dali_cpu",
-                              "data.pin_memory=true")),
+                              "data.pin_memory=true", iterations=dali_steps)),
+        # DALI's own CPU resize (the row above: ROI decode, torch resize): the other dali_cpu train path.
+        Check("dali_cpu_dali_resize", run("dali_cpu_dali_resize", "model=resnet50", "precision=amp", *photos,
+                                          "data.backend=dali_cpu", "data.dali_train_resize=dali",
+                                          "data.pin_memory=true", iterations=dali_steps)),
+        # A short real training run, so that the validation loader's batches reach the GPU too (benchmark
+        # mode never validates); the mark: a finite val.top1.
+        Check("dali_cpu_train", run("dali_cpu_train", "model=resnet50", "precision=amp", *photos,
+                                    "data.backend=dali_cpu", "data.pin_memory=true", mode="train"),
+              extra={"validated": ("val.top1",)}),
+        # NVIDIA's EfficientNet-B0 recipe (AutoAugment v0: DALI's resize and augmentation on the host) at batch 256
+        # on one GPU: its img/s against NVIDIA's published one-GPU figure for the profile.
+        Check("dali_cpu_efficientnet", run("dali_cpu_efficientnet", "experiment=efficientnet_b0_dgxa100_amp_400e",
+                                           *photos, "data.backend=dali_cpu", "data.pin_memory=true",
+                                           "data.batch_size=256", "recipe.global_batch_size=256",
+                                           iterations=dali_steps),
+              extra={"versus_published": ("efficientnet_b0", "amp", DALI_CPU_EFFICIENTNET_MARK)}),
+        # The GPU-only tests of the DALI batches copied ahead onto the device (they skip on a CPU machine).
+        Check("dali_gpu_tests", DALI_GPU_TESTS, program=PYTEST, run_dir=f"{run_root}/dali_gpu_tests"),
         # Batch 256 with no accumulation (the profile's global 2048 would step the optimizer every 8th
         # micro-batch on one GPU): NVIDIA's 1-GPU measurement, and the bare_loop row's work step for step.
         Check("resnet50_amp_benchmark", run("resnet50_amp_benchmark", "model=resnet50", "precision=amp",
@@ -184,6 +237,14 @@ def checks(
                                       *photos, "data.backend=torchvision",
                                       f"data.num_workers={workers or loader_workers()}", mode="epoch"),
               extra={"total_vs_compute": 0.9}),
+        # Right after it, on the same GPU and JPEGs: the same epoch in a plain PyTorch loop (bench.bare_loop) with
+        # the settings cifar_end_to_end composes to (tests/test_gpu_check.py compares them); the host work imgcls
+        # adds a step shows in the epoch's wall time, which the resnet50 rows' ~43 ms steps would hide.
+        Check("cifar_bare_loop", ("--data", data_root, "--arch", "resnet18", "--image-size", "32", "--batch", "256",
+                                  "--workers", str(workers or loader_workers()), "--prefetch", "4", "--channels-last",
+                                  "--momentum", "0.875", "--label-smoothing", "0.1"),
+              extra={"versus_cifar_epoch": CIFAR_EPOCH_MARK}, program=BARE_LOOP,
+              run_dir=f"{run_root}/cifar_bare_loop"),
     ]  # fmt: skip
 
 
@@ -376,6 +437,59 @@ def _bare_loop_row(row: dict[str, Any], output: str, fraction: float, done: dict
     row["note"] += f"; cross-check, bench.overhead's own imgcls loop: {own:.0f} img/s ({own / bare:.2f}x the bare loop)"
 
 
+def _cifar_bare_loop_row(row: dict[str, Any], output: str, mark: float, done: dict[str, dict[str, Any]]) -> None:
+    """The cifar_bare_loop row from bench.bare_loop's output: the bare loop's img/s over the epoch, and the mark on
+    cifar_end_to_end's epoch (this run's, from `done`): its wall time a sample <= `mark` x the bare loop's. A
+    sample, not an epoch: both drop the last partial batch, but a folder whose loaders differ must not pass."""
+    try:
+        figures = parse_bare_loop(output)
+    except ValueError as error:
+        row.update(status="FAILED", note=str(error))
+        return
+    row["ips"] = figures["ips"]
+    bare = f"bare loop {figures['samples']:.0f} images in {figures['wall_s']:.1f} s"
+    compared = done.get(CIFAR_ROW)
+    if compared is None:
+        row["note"] = f"{bare}; no {CIFAR_ROW} row in this run: the {mark:.2f}x mark not checked"
+    elif not _finite(compared.get("ips")) or not float(compared["ips"]) > 0:
+        row["note"] = bare
+        _mark(row, False, f"{CIFAR_ROW} has no img/s to compare with the bare loop's (mark <= {mark:.2f}x)")
+    else:
+        ratio = figures["ips"] / float(compared["ips"])
+        row["note"] = bare
+        text = f"{CIFAR_ROW}'s epoch {ratio:.2f}x the bare loop's wall time a sample"
+        _mark(row, ratio <= mark * (1 + 1e-9), f"{text} ({float(compared['ips']):.0f} img/s, mark <= {mark:.2f}x)")
+
+
+def parse_bare_loop(text: str) -> dict[str, float]:
+    from imgcls.bench.bare_loop import parse_result
+
+    return parse_result(text)
+
+
+def _mark_validated(row: dict[str, Any], summary: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """A training row that must have validated: each key finite in report.json's run summary."""
+    missing = [key for key in keys if not _finite(summary.get(key))]
+    figures = ", ".join(f"{key} {float(summary[key]):.1f}%" for key in keys if key not in missing)
+    _mark(row, not missing, figures or f"no finite {', '.join(missing)} in report.json: it did not validate")
+
+
+def _mark_versus_published(row: dict[str, Any], hardware: str, mark: tuple[str, str, float]) -> None:
+    """The row's img/s >= fraction x NVIDIA's one-GPU training img/s of `model` at `precision` on `hardware`'s
+    GPU; without a published figure for the profile the mark is not checked, and the note says so."""
+    model, precision, fraction = mark
+    published = throughput_table().get((model, hardware, precision), {}).get(1)
+    if published is None:
+        row["note"] = (row["note"] + "; " if row["note"] else "") + (
+            f"NVIDIA published no 1-GPU {model} {precision} img/s for {hardware}: the {fraction:.2f}x mark not checked"
+        )
+        return
+    row["published"] = published
+    ips = float(row["ips"]) if _finite(row.get("ips")) else 0.0
+    _mark(row, ips >= fraction * published * (1 - 1e-9), f"{ips / published:.2f}x NVIDIA's {model} {precision} "
+                                                          f"{published} img/s (mark >= {fraction:.2f}x)")  # fmt: skip
+
+
 def execute(
     check: Check,
     hardware: str,
@@ -394,7 +508,7 @@ def execute(
     if check.path.startswith("dali") and importlib.util.find_spec("nvidia.dali") is None:
         row.update(status="skipped", note="nvidia.dali is not installed in this environment")
         return row
-    if check.program == OVERHEAD:
+    if check.program != ("train.py",):
         command = [sys.executable, *check.program, *check.overrides]
     else:
         command = [sys.executable, str(ROOT / check.program[0]), *check.program[1:], *check.overrides]
@@ -413,6 +527,13 @@ def execute(
         return row
     if "versus_bare_loop" in check.extra:
         _bare_loop_row(row, log.read_text(errors="replace"), check.extra["versus_bare_loop"], done or {})
+        return row
+    if "versus_cifar_epoch" in check.extra:
+        _cifar_bare_loop_row(row, log.read_text(errors="replace"), check.extra["versus_cifar_epoch"], done or {})
+        return row
+    if check.program == PYTEST:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        row["note"] = f"pytest -m gpu tests/test_dali_device_copies.py: {(lines or ['no output'])[-1].strip(' =')}"
         return row
     summary = _result(run_dir)
     ips = summary.get("train.total_ips")
@@ -451,7 +572,11 @@ def execute(
         _mark_versus_single_gpu(row, gpus, check.extra["versus_single_gpu"], done or {})
     if "total_vs_compute" in check.extra:
         _mark_total_vs_compute(row, summary, check.extra["total_vs_compute"])
-    if check.path == "cifar_end_to_end":
+    if "validated" in check.extra:
+        _mark_validated(row, summary, check.extra["validated"])
+    if "versus_published" in check.extra:
+        _mark_versus_published(row, hardware, check.extra["versus_published"])
+    if check.path == CIFAR_ROW:
         top1 = summary.get("val.top1")
         row["note"] += "; val.top1 " + (f"{float(top1):.1f}%" if top1 is not None else "missing")
         row["note"] += f" (the first {VAL_BATCHES} val batches, in class order: a smoke figure)"
@@ -484,6 +609,11 @@ def table(rows: list[dict[str, Any]], gpu: str, gpus: int) -> str:
     return "\n".join(lines)
 
 
+def budget_s(planned: list[Check]) -> float:
+    """The estimated seconds of the rows `planned` on one H200 (ESTIMATE_S), start-ups included."""
+    return float(sum(ESTIMATE_S[check.path] for check in planned))
+
+
 def default_data_root() -> str:
     cache = Path(os.environ.get("IMGCLS_CACHE", Path.home() / ".cache" / "imgcls"))
     return str(cache / "cifar10")  # train/ and val/ of the shared CIFAR-10 JPEGs (`make gpu-check` extracts it)
@@ -506,8 +636,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.hardware is None and torch.cuda.is_available():
             properties = torch.cuda.get_device_properties(0)
             hardware = hardware_for(properties.name, properties.total_memory / 2**30)
-        for check in checks(hardware, gpus, args.data, args.steps, run_root):
+        planned = checks(hardware, gpus, args.data, args.steps, run_root)
+        for check in planned:
             print(f"{check.path}: {check.command()}")
+        print(f"gpu_check: {len(planned)} rows, about {budget_s(planned) / 60:.1f} min on one H200 (an estimate, not a "
+              f"measurement; budget {TOTAL_BUDGET_S / 60:.0f} min)", file=sys.stderr)  # fmt: skip
         return 0
     if not torch.cuda.is_available():
         print(
