@@ -1,5 +1,6 @@
 """`python tests/count_host_syncs.py OUT OVERRIDE...`: one training run (imgcls.run.train.run) with every blocking
-call counted per micro-batch as tests/test_host_sync.py counts them; each rank writes OUT/syncs-rank{R}.json.
+call counted per micro-batch (training and validation) as tests/test_host_sync.py counts them; each rank writes
+OUT/syncs-rank{R}.json.
 
 A script, not a test: under DDP the count must be made inside every rank, and Lightning's launcher starts
 ranks >= 1 by running this same script again."""
@@ -25,4 +26,6 @@ with pytest.MonkeyPatch.context() as patch:
     count_syncs(patch, counter)
     imgcls.run.train.run(compose_config(overrides, run_dir=out / "run"))
 rank = int(os.environ.get("LOCAL_RANK", 0))
-(out / f"syncs-rank{rank}.json").write_text(json.dumps({"started": counter.started, "calls": counter.calls}))
+counts = {"started": counter.started, "calls": counter.calls, "val_started": counter.val_started}
+counts |= {"val_calls": counter.val_calls, "deferred": counter.deferred}
+(out / f"syncs-rank{rank}.json").write_text(json.dumps(counts))

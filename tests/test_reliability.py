@@ -380,8 +380,8 @@ train_main()
 def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once(data: Path, tmp_path: Path) -> None:
     """Two srun-style gloo ranks; SIGUSR1 reaches rank 1 only (Lightning's handler used to save inside the
     signal handler of that rank alone, its collectives waiting for a rank 0 that was elsewhere). Rank 1 gets it
-    while it waits before its first step (RANK_WAITER), so the ranks agree on it at the first all-reduce of the
-    flag, step SYNC_EVERY_N_STEPS, on any machine's speed."""
+    while it waits before its first step (RANK_WAITER), so its flag is in the first all-reduce of the flags,
+    started at step SYNC_EVERY_N_STEPS and read at the next check, 2 * SYNC_EVERY_N_STEPS, on any machine's speed."""
     from imgcls.distributed import SYNC_EVERY_N_STEPS
     from tests.conftest import clean_env, free_port
 
@@ -411,7 +411,7 @@ def test_sigusr1_to_one_ddp_rank_under_slurm_saves_at_one_step_and_requeues_once
         assert proc.returncode == 128 + signal.SIGUSR1, out[-3000:]
     steps = [int(out.split("received signal 10: saving ")[1].split(" at step ")[1].split()[0]) for out in outputs]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert steps[0] == steps[1] == ckpt["global_step"] == SYNC_EVERY_N_STEPS  # both ranks, at the first agreement
+    assert steps[0] == steps[1] == ckpt["global_step"] == 2 * SYNC_EVERY_N_STEPS  # both ranks, the first agreement
     assert len(ckpt["callbacks"]["RNGState"]["ranks"]) == 2  # the gather inside the save met both ranks
     assert calls.read_text().splitlines() == ["requeue 4242"]  # once, from rank 0
     (hpc,) = run_dir.glob("hpc_ckpt_*.ckpt")

@@ -9,8 +9,8 @@ handling is switched off (`without_lightning_signal_handling`): its SIGTERM hand
 the signal handler, its training loop broadcasts a SIGTERM flag from rank 0 and reads it with .item() at every
 training batch under DDP (a host sync per micro-batch), it stops only at the end of the epoch on a single
 process, and its SLURM SIGUSR1 handler saves inside the signal handler (collectives at an arbitrary point of
-another rank's step can hang). Host syncs stay out of the per-step path: under DDP the flag is agreed on every
-SYNC_EVERY_N_STEPS optimizer steps.
+another rank's step can hang). Host syncs stay out of the per-step path: under DDP the flags are all-reduced every
+SYNC_EVERY_N_STEPS optimizer steps without waiting, and each such result is read a period later (DeferredRead).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from imgcls.distributed import SYNC_EVERY_N_STEPS, gather_objects, is_rank_zero
+from imgcls.distributed import SYNC_EVERY_N_STEPS, DeferredRead, gather_objects, is_rank_zero
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +158,15 @@ def without_lightning_signal_handling(trainer: L.Trainer) -> None:
 class Preemption(L.Callback):
     """A preemption signal's save happens at an optimizer-step boundary, on every rank at the same step.
 
-    Single process: the flag is read at every optimizer step (a Python list, no sync). Under DDP one
-    rank's signal must stop all ranks at the same step, which takes an all-reduce; it runs every
-    `every_n_steps` optimizer steps (at the same steps on every rank), so a signal is acted on within
-    that many steps. When the job can be requeued (`requeue`: requeue_by()), SIGUSR1 and SIGUSR2 additionally link
-    the checkpoint as Lightning's hpc_ckpt_N.ckpt (what a requeued run with ckpt_path=null resumes from) and, under
-    SLURM, rank 0 runs `scontrol requeue`; under submitit's local executor every rank exits with the code that
-    makes its controller start the task again. Before training has started and after it has ended there is no
-    step to save: the handler (`_handle`) stops the process at once."""
+    Single process: the flag is read at every optimizer step (a Python list, no sync). Under DDP one rank's signal
+    must stop all ranks at the same step, which takes an all-reduce; one starts every `every_n_steps` optimizer steps
+    (at the same steps on every rank) and is read at the next of those steps, when it has long finished (no host
+    sync, no rank waiting at a collective on the step path), so a signal is acted on within twice that many steps,
+    at the same step on every rank. When the job can be requeued (`requeue`: requeue_by()), SIGUSR1 and SIGUSR2
+    additionally link the checkpoint as Lightning's hpc_ckpt_N.ckpt (what a requeued run with ckpt_path=null resumes
+    from) and, under SLURM, rank 0 runs `scontrol requeue`; under submitit's local executor every rank exits with the
+    code that makes its controller start the task again. Before training has started and after it has ended there
+    is no step to save: the handler (`_handle`) stops the process at once."""
 
     def __init__(
         self, last_path: str | Path, requeue: str | None = None, every_n_steps: int = SYNC_EVERY_N_STEPS
@@ -173,14 +175,19 @@ class Preemption(L.Callback):
         self.requeue = requeue
         self.every_n_steps = every_n_steps
         self._step = -1
+        self._agreeing: DeferredRead | None = None  # under DDP: any rank's flag, started at the last check
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step = trainer.global_step
+        self._agreeing = None
         _in_training_loop[0] = True
 
     # Lightning calls on_exception (and not on_train_end) when the loop ends with an exception, Preempted too.
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         _in_training_loop[0] = False
+        if self._agreeing is not None:  # every rank started it: its collective completes, nothing is left running
+            self._agreeing.values()
+            self._agreeing = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         _in_training_loop[0] = False
@@ -195,7 +202,15 @@ class Preemption(L.Callback):
         if trainer.world_size > 1:
             if trainer.global_step % self.every_n_steps:
                 return
-            pending = trainer.strategy.reduce_boolean_decision(pending, all=False)  # any rank's signal
+            # Any rank's signal, as all-reduced at the previous check; this rank's flag now goes into the next one.
+            # A device tensor filled from the flag, not made from it: torch.tensor(flag, device=...) is a copy from
+            # the host that waits for the device's queue.
+            agreed = self._agreeing is not None and self._agreeing.values()[0] > 0
+            self._agreeing = None
+            if not agreed:
+                flag = torch.full((1,), float(pending), device=pl_module.device)
+                self._agreeing = DeferredRead(flag, over_ranks=True)
+            pending = agreed
         if not pending:
             return
         # Ranks that did not receive the signal themselves agree on what to do from the one that did.

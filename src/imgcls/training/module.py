@@ -65,7 +65,8 @@ class ClassificationModule(L.LightningModule):
         self.train_criterion = (
             SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=smoothing)
         )
-        self.val_criterion = nn.CrossEntropyLoss()  # plain CE in eval, as NVIDIA reports val.loss
+        # Plain CE in eval, as NVIDIA reports val.loss; per sample, so that its mean needs no weights (below).
+        self.val_criterion = nn.CrossEntropyLoss(reduction="none")
 
         # timm's EMA (not Lightning's EMAWeightAveraging) so that validation can report raw and EMA
         # weights side by side, as NVIDIA's val_ema.* does. Updated once per optimizer step.
@@ -85,7 +86,10 @@ class ClassificationModule(L.LightningModule):
                 {
                     "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
                     "top5": MulticlassAccuracy(num_classes, top_k=top5, average="micro"),
-                    "loss": MeanMetric(),
+                    # Each sample's loss at weight 1: MeanMetric made a device tensor of a host weight and, unless
+                    # nan_strategy="disable", checked the values for NaN with .any(): 3 host syncs a batch. A NaN or
+                    # Inf loss is then in val.loss, not dropped from it with a warning.
+                    "loss": MeanMetric(nan_strategy="disable"),
                 }
             )
 
@@ -230,7 +234,7 @@ class ClassificationModule(L.LightningModule):
         metrics = self._metrics(prefix)
         metrics["top1"].update(logits, labels)
         metrics["top5"].update(logits, labels)
-        metrics["loss"].update(self.val_criterion(logits.float(), labels), weight=len(labels))
+        metrics["loss"].update(self.val_criterion(logits.float(), labels))
 
     def _metrics(self, prefix: str) -> dict[str, Metric]:
         """The val metrics of `prefix` (built in __init__); nn.ModuleDict types its values as any nn.Module."""
