@@ -57,7 +57,8 @@ class _InfGrad(torch.autograd.Function):
 
 def inject(monkeypatch: pytest.MonkeyPatch, fault: str, steps: set[int] | None, seen: dict[str, Any]) -> None:
     """Wrap the real training_step: at the optimizer steps in `steps` (None: every step from 3 on) the loss is
-    NaN ("nan") or its gradients overflow ("overflow"). Records scales, weights and losses per step."""
+    NaN ("nan") or its gradients overflow ("overflow"). Records scales, weights, optimizer state (but its step
+    counters) and losses per step."""
     original = ClassificationModule.training_step
 
     def training_step(self: ClassificationModule, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
@@ -65,6 +66,10 @@ def inject(monkeypatch: pytest.MonkeyPatch, fault: str, steps: set[int] | None, 
         step = self.global_step
         seen.setdefault("scale", {})[step] = self.trainer.precision_plugin.scaler.get_scale()
         seen.setdefault("weights", {})[step] = [p.detach().clone() for p in self.parameters()]
+        state = self.trainer.optimizers[0].state
+        seen.setdefault("state", {})[step] = [
+            v.clone() for p in self.parameters() for k, v in sorted(state.get(p, {}).items()) if k != "step"
+        ]
         if steps is None and step >= 3 or steps is not None and step in steps:
             loss = out["loss"] * math.nan if fault == "nan" else _InfGrad.apply(out["loss"])
             out = {"loss": loss, "loss_value": loss.detach()}
@@ -126,18 +131,25 @@ def test_fp16_run_on_cpu_scales_from_128_and_grows(data: Path, tmp_path: Path, m
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "rmsprop_tf"])
 @pytest.mark.parametrize("step", [2, 0])
 def test_one_overflow_is_skipped_counted_and_training_goes_on(
-    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: int
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: int, optimizer: str
 ) -> None:
     """Also at the very first step, where torch's fused SGD makes its momentum buffers (empty_like) and, skipping
-    the update, left them unwritten: the next step read uninitialized memory (weights of 1e36, then NaN)."""
+    the update, left them unwritten: the next step read uninitialized memory (weights of 1e36, then NaN).
+    rmsprop_tf (every TF2 EfficientNet run) skips on the device (SkipsOverflowedSteps): weights and state are put
+    back as they were; at the very first step there is no state to put back, and the weights stay."""
     seen: dict[str, Any] = {}
     inject(monkeypatch, "overflow", {step}, seen)
-    summary = run(compose_config(amp_overrides(data, "recipe.epochs=3"), run_dir=tmp_path))
+    rmsprop = ["recipe.rmsprop_alpha=0.9", "recipe.rmsprop_eps=0.001"] if optimizer == "rmsprop_tf" else []
+    overrides = amp_overrides(data, "recipe.epochs=3", f"recipe.optimizer={optimizer}", *rmsprop)
+    summary = run(compose_config(overrides, run_dir=tmp_path))
     assert seen["scale"][step] == 128.0 and seen["scale"][step + 1] == 64.0 and seen["scale"][8] == 64.0  # halved once
     before, after = seen["weights"][step], seen["weights"][step + 1]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # the skipped step changed nothing
+    if seen["state"][step]:
+        assert all(torch.equal(a, b) for a, b in zip(seen["state"][step], seen["state"][step + 1], strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(after, seen["weights"][step + 2], strict=True))
     assert all(math.isfinite(v) for v in seen["loss"].values())
     assert max(w.abs().max().item() for w in seen["weights"][8]) < 100

@@ -63,13 +63,19 @@ class SkipsOverflowedSteps:
     torch.amp.GradScaler.step reads the found-inf flag with .item() before stepping an optimizer that cannot
     skip a step itself: a host sync every optimizer step (every EfficientNet AMP run, with RMSprop). An
     optimizer that declares `_step_supports_amp_scaling` is handed the scale (`grad_scale`; None once
-    unscaled) and the flag (`found_inf`) as device tensors instead. This step unscales the gradients, runs the
-    optimizer's own step, and then puts back, where the flag is set, the parameters and state it had before;
-    all on the device, in a handful of kernels (a flat copy and one where per dtype). Hand-written: torch's
-    fused kernels do this for SGD and Adam(W) only, timm's optimizers not at all. Host-side counters (a CPU
-    `step` tensor, unused by RMSprop's update) still count a skipped step."""
+    unscaled, as imgcls's precision plugin does) and the flag (`found_inf`) as device tensors instead. Neither
+    RMSprop's update nor timm's can be told to leave parameters and state alone (momentum and the square
+    average move on a zero gradient too), and torch's fused kernels, which skip by the flag themselves, exist
+    for SGD and Adam(W) only: so this step runs the optimizer's own step and then puts back, where the flag is
+    set, the parameters and state it had before, all on the device. The `step` counters (unused by RMSprop's
+    update) count a skipped step.
+
+    What is put back is listed once (_OverflowUndo) and lives in flat buffers, so that a step costs a fixed
+    handful of kernels per device and dtype rather than a Python walk over the parameters and their state (on
+    a GPU the foreach copies are torch's multi-tensor kernels)."""
 
     _step_supports_amp_scaling = True
+    _overflow_undo: _OverflowUndo | None = None
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -80,38 +86,142 @@ class SkipsOverflowedSteps:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]  # type: ignore[attr-defined]
-        grads = [p.grad for p in params]
-        scale = getattr(self, "grad_scale", None)
-        if scale is not None:
-            torch._foreach_mul_(grads, scale.double().reciprocal().float())
+        optimizer = cast(torch.optim.Optimizer, self)
+        undo = self._overflow_undo
+        if undo is None or not undo.fits(optimizer):
+            undo = self._overflow_undo = _OverflowUndo(optimizer)
         overflowed = found_inf.bool()
-        if any(not self.state[p] for p in params):  # type: ignore[attr-defined]
-            # State made in this step has nothing to be put back to: give it finite gradients (once, rarely).
-            for grad in grads:
-                grad.copy_(torch.where(overflowed, torch.zeros_like(grad), grad))
-        kept = list(params) + [
-            t
-            for p in params
-            for t in self.state[p].values()  # type: ignore[attr-defined]
-            if torch.is_tensor(t) and t.device == p.device
-        ]
-        before = _flat_copies(kept)
+        scale = getattr(self, "grad_scale", None)
+        if scale is not None:  # a GradScaler.step without unscale_ first: a walk, which imgcls's plugin spares
+            grads = [p.grad for p in undo.params if p.grad is not None]
+            torch._foreach_mul_(grads, scale.double().reciprocal().float())
+        # State that this step makes has nothing to be put back to: its parameters get finite gradients instead.
+        # Only until every parameter has state (the first step); later the list is empty.
+        fresh = [p.grad for p in undo.stateless if p.grad is not None]
+        for grad in fresh:
+            grad.masked_fill_(overflowed.to(grad.device), 0.0)
+        undo.save()
         super().step()  # type: ignore[misc]
-        for (device, _dtype), (tensors, flat) in before.items():
-            after = torch.cat([t.reshape(-1) for t in tensors])
-            chosen = torch.where(overflowed.to(device), flat, after)
-            torch._foreach_copy_(
-                tensors, [v.view_as(t) for v, t in zip(chosen.split([t.numel() for t in tensors]), tensors)]
-            )
+        undo.restore(overflowed)
+        if fresh:
+            self._overflow_undo = None  # the next step lists the new state
         return loss
 
 
-def _flat_copies(tensors: list[torch.Tensor]) -> dict[tuple[Any, Any], tuple[list[torch.Tensor], torch.Tensor]]:
-    groups: dict[tuple[Any, Any], list[torch.Tensor]] = defaultdict(list)
+class _OverflowUndo:
+    """An optimizer's parameters and state tensors as they were before a step, in flat buffers per device and
+    dtype, and how to put them back. Its state tensors (but "step") move into one flat buffer per device and
+    dtype, as views of their own shape and strides: saving them is one copy and putting them back one where,
+    instead of a kernel per tensor. Parameters stay the network's own tensors (the network, its EMA and DDP hold
+    them): a foreach copy out before the step, and after it one out, one where and one back.
+
+    Valid while the optimizer's state dict and parameter groups are the objects it was made from
+    (load_state_dict replaces both), no parameter gains state and the state tensors are still the views; the
+    optimizer makes a new one when any of these fails. A state tensor replaced by hand by another tensor of
+    the same key, in the middle of a buffer, is not noticed: nothing in imgcls or Lightning does that between
+    optimizer steps (Lightning moves optimizer state to the device before the first)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.state, self.param_groups = optimizer.state, optimizer.param_groups
+        self.shape = _group_shape(optimizer)
+        self.n_state = len(optimizer.state)
+        self.params = list({id(p): p for group in optimizer.param_groups for p in group["params"]}.values())
+        self.stateless = [p for p in self.params if not optimizer.state.get(p)]
+        params: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+        entries: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, str]]] = defaultdict(list)
+        for p in self.params:
+            params[(p.device, p.dtype)].append(p)
+            for key, value in optimizer.state.get(p, {}).items():
+                if key != "step" and torch.is_tensor(value) and value.device == p.device:
+                    entries[(value.device, value.dtype)].append((p, key))
+        self.param_kinds = [_ParamCopies(tensors) for tensors in params.values()]
+        self.state_kinds = [_FlatState(optimizer.state, kind) for kind in entries.values()]
+
+    def fits(self, optimizer: torch.optim.Optimizer) -> bool:
+        return (
+            optimizer.state is self.state
+            and optimizer.param_groups is self.param_groups
+            and len(optimizer.state) == self.n_state
+            and _group_shape(optimizer) == self.shape
+            and all(kind.bound(optimizer.state) for kind in self.state_kinds)
+        )
+
+    def save(self) -> None:
+        for params in self.param_kinds:
+            torch._foreach_copy_(params.before_views, params.tensors)
+        for state in self.state_kinds:
+            state.before.copy_(state.live)
+
+    def restore(self, overflowed: torch.Tensor) -> None:
+        for params in self.param_kinds:
+            torch._foreach_copy_(params.after_views, params.tensors)
+            torch.where(overflowed.to(params.after.device), params.before, params.after, out=params.after)
+            torch._foreach_copy_(params.tensors, params.after_views)
+        for state in self.state_kinds:
+            torch.where(overflowed.to(state.live.device), state.before, state.live, out=state.live)
+
+
+def _group_shape(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
+    return tuple(len(group["params"]) for group in optimizer.param_groups)
+
+
+class _ParamCopies:
+    """Parameters of one device and dtype, and two flat buffers with a view like each (before and after)."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.before, offsets = _flat_like(tensors)
+        self.after = torch.zeros_like(self.before)
+        self.before_views = [_view_like(self.before, t, o) for t, o in zip(tensors, offsets, strict=True)]
+        self.after_views = [_view_like(self.after, t, o) for t, o in zip(tensors, offsets, strict=True)]
+
+
+class _FlatState:
+    """State tensors of one device and dtype moved into one flat buffer (`live`; the optimizer's state dicts hold
+    views of it from now on) and a buffer for the copy from before a step."""
+
+    def __init__(self, state: dict, entries: list[tuple[torch.Tensor, str]]) -> None:
+        values = [state[p][key] for p, key in entries]
+        self.live, offsets = _flat_like(values)
+        self.before = torch.zeros_like(self.live)
+        self.entries = []
+        for (p, key), value, offset in zip(entries, values, offsets, strict=True):
+            view = _view_like(self.live, value, offset)
+            view.copy_(value)
+            state[p][key] = view
+            self.entries.append((p, key, view))
+
+    def bound(self, state: dict) -> bool:
+        """Whether the first and last state tensors are still the views (not, say, moved to another device)."""
+        return all(state.get(p, {}).get(key) is view for p, key, view in (self.entries[0], self.entries[-1]))
+
+
+def _flat_like(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """A zeroed flat buffer with room for each tensor and each one's offset, each start 64-byte aligned."""
+    align = max(1, 64 // tensors[0].element_size())
+    offsets, total = [], 0
     for t in tensors:
-        groups[(t.device, t.dtype)].append(t)
-    return {key: (group, torch.cat([t.reshape(-1) for t in group])) for key, group in groups.items()}
+        offsets.append(total)
+        total += -(-t.numel() // align) * align
+    return torch.zeros(total, dtype=tensors[0].dtype, device=tensors[0].device), offsets
+
+
+def _view_like(flat: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A view of flat at offset with t's shape, and its strides where t is dense (channels_last weights too), so
+    that copies between the two keep to torch's multi-tensor kernels."""
+    if _dense(t):
+        return flat.as_strided(t.shape, t.stride(), offset)
+    return flat[offset : offset + t.numel()].view(t.shape)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill numel() consecutive places of its storage, in some order of its dimensions."""
+    expected = 1
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 OptimizerT = TypeVar("OptimizerT", bound=torch.optim.Optimizer)

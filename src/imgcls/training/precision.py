@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
+
+from imgcls.training.optimizer import SkipsOverflowedSteps
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,31 @@ def resolve_precision(cfg: Any, accelerator: str) -> tuple[str | None, list[Any]
     if name == "16-mixed" and not uses_cuda:
         return None, [MixedPrecision("16-mixed", device="cpu")]  # Lightning's default scaler is CUDA's
     return name, []
+
+
+class MixedPrecision(LightningMixedPrecision):
+    """Lightning's fp16 plugin, except that an optimizer which skips overflowed steps itself (SkipsOverflowedSteps:
+    imgcls's RMSprop) gets its gradients unscaled by GradScaler.unscale_ after backward, as Lightning does for
+    any other unfused optimizer. Left to GradScaler.step, such an optimizer gets them scaled: the scaler checks them
+    for infs in a pass that multiplies by 1, and the optimizer unscales in a second pass over a list of gradients
+    it builds every step. unscale_ checks and unscales in one. torch's fused SGD still unscales in its kernel.
+
+    Named as Lightning's class: Lightning files the scaler's state in a checkpoint under the plugin's class name."""
+
+    def optimizer_step(  # type: ignore[override]  # Lightning's own signature, which overrides Fabric's likewise
+        self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
+    ) -> Any:
+        scaler = self.scaler
+        if scaler is None or not isinstance(optimizer, SkipsOverflowedSteps):
+            return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+
+        def unscaling_closure() -> Any:
+            result = closure()
+            if result is not None or not model.automatic_optimization:  # Lightning's own test for a backward
+                scaler.unscale_(optimizer)
+            return result
+
+        return super().optimizer_step(optimizer, model=model, closure=unscaling_closure, **kwargs)
 
 
 class StaticGradScaler(torch.amp.GradScaler):
