@@ -14,6 +14,8 @@ import pytest
 import timm
 import torch
 from lightning.pytorch.callbacks import ProgressBar
+from timm.layers import DropPath
+from timm.optim import RMSpropTF
 from timm.utils import ModelEmaV3
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,6 +31,7 @@ from imgcls.errors import ConfigError
 from imgcls.seeding import sample_seed, sample_seeds
 from imgcls.training.ema import ModelEma
 from imgcls.training.module import ClassificationModule
+from imgcls.training.optimizer import SkipsOverflowedSteps
 from tests.conftest import compose_config, tiny_overrides
 
 
@@ -120,17 +123,106 @@ def test_train_loss_and_lr_are_logged_only_on_the_steps_lightning_writes(
     assert sum(1 for row in rows if re.match(r"^[^,]*\d", row)) >= 3  # the loggers still get train.loss rows
 
 
+TABLE_ROW = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \|$", re.M)
+
+
 @pytest.mark.slow
 def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytest.CaptureFixture[str]) -> None:
     assert overhead.main(["--steps", "6", "--warmup", "2", "--repeats", "1"]) == 0
     table = capsys.readouterr().out
-    row = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \|$", re.M)
-    rows = {m[1]: (float(m[2]), float(m[3])) for m in row.finditer(table)}
+    rows = {m[1]: (float(m[2]), float(m[3])) for m in TABLE_ROW.finditer(table)}
     assert set(rows) == {"bare PyTorch loop", "Lightning, smallest module", "imgcls (mode=benchmark)"}
+    cpu = re.findall(r"^\| [^|]+ \| [^|]+ \| ([\d.]+) \(", table, re.M)  # the CPU time column, every loop
+    assert len(cpu) == 3 and all(float(ms) > 0 for ms in cpu)
     bare, imgcls_ms = rows["bare PyTorch loop"][0], rows["imgcls (mode=benchmark)"][0]
     assert (
         bare > 0 and imgcls_ms > 0 and rows["imgcls (mode=benchmark)"][1] == pytest.approx(imgcls_ms - bare, abs=0.02)
     )
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_runs_the_published_feature_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    """The EfficientNet AMP and TF1 250-epoch sets, each a table; the EfficientNet one adds the bare loop with
+    imgcls's optimizer (its device-side overflow skip); a summary row per set."""
+    argv = ["--steps", "3", "--warmup", "2", "--repeats", "1", "--sets", "efficientnet_amp,tf1_250e"]
+    assert overhead.main(argv) == 0
+    out = capsys.readouterr().out
+    tables = {t.split(":")[0]: t for t in re.split(r"^(?=(?:efficientnet_amp|tf1_250e): )", out, flags=re.M)}
+    efficientnet, tf1 = tables["efficientnet_amp"], tables["tf1_250e"].split("| feature set |")[0]
+    assert "optimizer=rmsprop_tf, ema=0.9999" in efficientnet and "drop_path=0.2" in efficientnet
+    assert "optimizer=sgd" in tf1 and "mixup=0.2 (elem)" in tf1 and "precision=amp" in tf1
+    loops = {"bare PyTorch loop", "Lightning, smallest module", "imgcls (mode=benchmark)"}
+    assert {m[1] for m in TABLE_ROW.finditer(efficientnet)} == {*loops, "bare loop, imgcls's optimizer"}
+    assert {m[1] for m in TABLE_ROW.finditer(tf1)} == loops
+    number, extra = r"[\d.]+", r"[+-][\d.]+"
+    summary_row = rf"^\| (\w+) \| {number} \| {number} \| {extra} \| {number} \| {number} \| {extra} \|$"
+    summary = re.findall(summary_row, out, re.M)
+    assert summary == ["efficientnet_amp", "tf1_250e"]
+
+
+def test_the_bare_loops_train_what_a_user_would_write(tmp_path: Path) -> None:
+    """The EfficientNet AMP set's bare loop: timm's RMSpropTF as it is, torch's GradScaler on, timm's ModelEmaV3, and
+    imgcls's network with its drop path; the TF1 set's: torch's fused SGD, fp16 scaling, per-sample mixup 0.2."""
+    cfg = overhead.compose([], 1, 1, str(tmp_path), "efficientnet_amp")
+    parts = overhead._parts(cfg, 2)
+    assert type(parts.optimizer) is RMSpropTF and isinstance(parts.ema, ModelEmaV3) and parts.scaler.is_enabled()
+    assert parts.half is torch.float16 and not parts.mixup
+    assert any(isinstance(m, DropPath) and m.drop_prob > 0 for m in parts.net.modules())
+    assert overhead.skips_on_the_device(cfg)
+    assert isinstance(overhead._parts(cfg, 2, imgcls_optimizer=True).optimizer, SkipsOverflowedSteps)
+    tf1 = overhead.compose([], 1, 1, str(tmp_path), "tf1_250e")
+    parts = overhead._parts(tf1, 2)
+    assert isinstance(parts.optimizer, torch.optim.SGD) and parts.optimizer.defaults["fused"]
+    assert parts.mixup == 0.2 and parts.ema is None and parts.scaler.is_enabled()
+    assert not overhead.skips_on_the_device(tf1)
+    images, targets = overhead._training_batch(parts)
+    assert images.shape == parts.images.shape and targets.shape == (len(images), parts.num_classes)
+    assert torch.allclose(targets.sum(1), torch.ones(len(images)))
+
+
+@pytest.mark.slow
+def test_fp16_rmsprop_skips_overflows_in_a_fixed_handful_of_ops_a_step(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the real Trainer with fp16 loss scaling (every TF2 EfficientNet AMP run's RMSpropTF): once its lists are
+    built (steps 0 and 1), an optimizer step's overflow skip is a fixed few ops (foreach copies, flat copy and wheres)
+    for test_resnet's 47 parameters, with no unscaling of its own (the precision plugin's unscale_ has done it, in
+    the same pass as its overflow check), and each step checks the gradients once. The walk it replaced: 570 ops."""
+    per_step: list[tuple[list[str], list[str]]] = []
+    real_step, timm_step = SkipsOverflowedSteps.step, RMSpropTF.step
+
+    def counted_timm_step(self: Any, closure: Any = None) -> Any:
+        with KernelCount() as inner:
+            result = timm_step(self, closure)
+        per_step[-1][1].extend(inner.ops)
+        return result
+
+    def counted_step(self: Any, closure: Any = None) -> Any:
+        per_step.append(([], []))
+        with KernelCount() as outer:
+            result = real_step(self, closure)
+        per_step[-1][0].extend(outer.ops)
+        return result
+
+    monkeypatch.setattr(SkipsOverflowedSteps, "step", counted_step)
+    monkeypatch.setattr(RMSpropTF, "step", counted_timm_step)
+    checks: list[int] = []
+    real_unscale = torch.amp.GradScaler.unscale_
+
+    def unscale_(self: torch.amp.GradScaler, optimizer: Any) -> None:
+        with KernelCount() as mode:
+            real_unscale(self, optimizer)
+        checks.append(mode.ops.count("aten._amp_foreach_non_finite_check_and_unscale_.default"))
+
+    monkeypatch.setattr(torch.amp.GradScaler, "unscale_", unscale_)
+    overrides = tiny_overrides(image_folder, "recipe.epochs=1", "precision=amp", "precision.cpu_fp16=true",
+                               "model.channels_last=false", "recipe.optimizer=rmsprop_tf", "recipe.rmsprop_alpha=0.9",
+                               "recipe.rmsprop_eps=0.001")  # fmt: skip
+    imgcls.run.train.run(compose_config(overrides, run_dir=tmp_path))
+    assert len(per_step) == 6 and checks == [1] * 6
+    own = [Counter(outer) - Counter(inner) for outer, inner in per_step]
+    for ops in own[2:]:  # 7: the flag's cast, 3 foreach copies, 1 flat copy, 2 wheres
+        assert sum(ops.values()) <= 10 and not any(op.startswith("aten._foreach_mul_") for op in ops), ops
 
 
 @pytest.mark.parametrize("kind", ["rich", "tqdm"])

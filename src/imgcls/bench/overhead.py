@@ -10,7 +10,14 @@ the timing waits for the device at the ends only, so a loop whose host work per 
 it; the device ms a step come from CUDA events.
 
 The default network is timm's `test_resnet` at 8 px, batch 8, fp32 on the CPU: its compute is a few ms, so the
-host work of the loop around it shows. `--profile N` prints imgcls's N costliest functions (cProfile, own time).
+host work of the loop around it shows. `--sets` picks published recipes' feature sets instead (FEATURE_SETS): the
+TF2 EfficientNet AMP one (TF's RMSprop, fp16 loss scaling, EMA, drop path) and the TF1 250-epoch one (per-sample
+mixup, SGD, fp16), each on a test network at 8 px. Their bare loops use what a user would write: timm's RMSpropTF
+(or torch's fused SGD), torch.amp.GradScaler (which reads the overflow flag on the host), timm's ModelEmaV3, and a
+per-sample mixup of a few tensor ops. Where imgcls's optimizer is not the bare loop's (RMSprop under a loss scaler
+skips overflowed steps on the device: training/optimizer.py), a fourth row runs the bare loop with imgcls's
+optimizer, stepped as imgcls's precision plugin steps it: the difference is what the skip itself costs. `--profile
+N` prints imgcls's N costliest functions (cProfile, own time).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
+from unittest import mock
 
 import torch
 from omegaconf import DictConfig, open_dict
@@ -39,25 +47,62 @@ DEFAULTS = (
 )  # fmt: skip
 
 
-def compose(overrides: list[str], steps: int, warmup: int, run_dir: str) -> DictConfig:
+# The published recipes' features on the CPU, each over a test network at 8 px, batch 8, real fp16 autocast and loss
+# scaling (precision.cpu_fp16). efficientnet_amp: TF2's EfficientNet-B0 AMP runs (experiment/tf2_efficientnet_b0_*_amp:
+# RMSpropTF, Keras' dynamic loss scale, EMA 0.9999 with its ramp, per-sample drop path 0.2). tf1_250e: TF1's 250-epoch
+# ResNet AMP runs (experiment/tf1_resnet50_*_amp_250e: per-sample mixup 0.2, label smoothing, SGD with momentum,
+# the static loss scale 128).
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "plain": (),
+    "efficientnet_amp": (
+        "recipe=tf2_efficientnet", "model=efficientnet_b0", "model.arch=test_efficientnet", "model.image_size=8",
+        "model.drop_path_rate=0.2", "model.drop_path_mask=sample", "precision=amp", "precision.cpu_fp16=true",
+        "precision.loss_scale.init_scale=32768", "precision.loss_scale.growth_interval=2000",
+        "recipe.global_batch_size=8",
+    ),
+    "tf1_250e": (
+        "recipe=tf1_250e", "precision=amp", "precision.cpu_fp16=true", "precision.loss_scale.dynamic=false",
+        "recipe.global_batch_size=8",
+    ),
+}  # fmt: skip
+
+
+def compose(overrides: list[str], steps: int, warmup: int, run_dir: str, feature_set: str = "plain") -> DictConfig:
     from imgcls.config.compose import compose_config
 
-    cfg = compose_config("train", [*DEFAULTS, f"benchmark.iterations={steps}", f"benchmark.warmup={warmup}",
-                                   *overrides])  # fmt: skip
+    chosen = [*DEFAULTS, *FEATURE_SETS[feature_set], f"benchmark.iterations={steps}", f"benchmark.warmup={warmup}",
+              *overrides]  # fmt: skip
+    by_key = {override.split("=", 1)[0]: override for override in chosen}  # a later value of a key wins
+    cfg = compose_config("train", list(by_key.values()))
     with open_dict(cfg):
         cfg.run_dir = run_dir
     return cfg
 
 
 def imgcls_loop(cfg: DictConfig) -> dict[str, float]:
-    """ms a step of imgcls's mode=benchmark (its own timer: from the end of the warm-up to the device's end)."""
-    from imgcls.bench.training import run
+    """ms a step of imgcls's mode=benchmark (its own timer: from the end of the warm-up to the device's end), and the
+    process's CPU time over the same window (read where its timer starts and stops)."""
+    from imgcls.bench import training
 
-    with contextlib.redirect_stdout(io.StringIO()):  # its JSON document; the table below has the numbers
-        metrics = run(cfg)
+    cpu: dict[str, float] = {}
+    timer_end = training.BenchmarkTimer.on_train_batch_end
+
+    def on_train_batch_end(self: training.BenchmarkTimer, *args: Any, **kwargs: Any) -> None:
+        timer_end(self, *args, **kwargs)
+        if self.seen == self.warmup:
+            cpu["start"] = time.process_time()
+        if self.seen == self.warmup + self.iterations:
+            cpu["stop"] = time.process_time()
+
+    with (
+        contextlib.redirect_stdout(io.StringIO()),  # its JSON document; the table below has the numbers
+        mock.patch.object(training.BenchmarkTimer, "on_train_batch_end", on_train_batch_end),
+    ):
+        metrics = training.run(cfg)
     batch = _batch_size(cfg)
     return {
         "host_ms": 1000 * batch / metrics["train.total_ips"],
+        "cpu_ms": 1000 * (cpu["stop"] - cpu["start"]) / int(cfg.benchmark.iterations),
         "device_ms": 1000 * batch / metrics["train.compute_ips"],
     }
 
@@ -70,7 +115,8 @@ def _batch_size(cfg: DictConfig) -> int:
 
 @dataclass
 class _Parts:
-    """What both hand-made loops train: imgcls's network, optimizer and schedule, on the same batch and device."""
+    """What the hand-made loops train: imgcls's network (drop path included), parameter groups, schedule and batch on
+    the same device, with the optimizer, loss scaler, EMA and mixup a user would write around them."""
 
     device: torch.device
     net: torch.nn.Module
@@ -79,9 +125,18 @@ class _Parts:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     half: torch.dtype | None
+    scaler: torch.amp.GradScaler
+    ema: Any
+    mixup: float
+    smoothing: float
+    num_classes: int
 
 
-def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
+def _parts(cfg: DictConfig, total_steps: int, imgcls_optimizer: bool = False) -> _Parts:
+    """imgcls_optimizer: the optimizer imgcls trains with (build_optimizer: RMSprop that skips overflowed steps on
+    the device) instead of the user's (timm's RMSpropTF as it is; SGD is torch's fused one either way)."""
+    from timm.utils import ModelEmaV3
+
     from imgcls.data.datamodule import ClassificationDataModule
     from imgcls.data.protocol import LoaderSpec
     from imgcls.run.plan import resolve_plan
@@ -104,26 +159,58 @@ def _parts(cfg: DictConfig, total_steps: int) -> _Parts:
     if cfg.get("compile"):
         net.compile()
     images, labels = datamodule.backend.loader(LoaderSpec("train", plan.per_device_batch, device=device)).batch()
-    optimizer = build_optimizer(parameter_groups(net, plan.weight_decay), module.recipe, plan.lr)
+    recipe = module.recipe
+    fused = imgcls_optimizer or recipe.optimizer == "sgd"
+    groups = parameter_groups(net, plan.weight_decay, str(recipe.weight_decay_on))
+    optimizer = build_optimizer(groups, recipe, plan.lr, fused=fused)
     scheduler = build_scheduler(optimizer, total_steps=total_steps, warmup_steps=0, end_lr=0.0)
     half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(str(cfg.precision.name))
     if half is torch.float16 and device.type == "cpu" and not cfg.precision.get("cpu_fp16"):
         half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.training.precision)
-    return _Parts(device, net, images, labels, optimizer, scheduler, half)
+    scale = cfg.precision.get("loss_scale") or {}
+    scaler = torch.amp.GradScaler(
+        device.type,
+        init_scale=float(scale.get("init_scale", 2.0**16)),
+        growth_interval=int(scale.get("growth_interval", 2000)),
+        enabled=half is torch.float16,
+    )
+    ema = None
+    if recipe.ema_decay:
+        # timm's EMA as a user runs it, with the ramp imgcls runs (recipe.ema_dynamic_decay; training/module.py)
+        ema = ModelEmaV3(net, decay=float(recipe.ema_decay), **module._ema_warmup)  # noqa: SLF001
+    mixup = float(recipe.mixup or 0.0) if recipe.mixup_mode == "elem" else 0.0
+    return _Parts(device, net, images, labels, optimizer, scheduler, half, scaler, ema, mixup,
+                  float(recipe.label_smoothing), len(datamodule.classes))  # fmt: skip
+
+
+def _training_batch(parts: _Parts) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and targets of a step: per-sample mixup with the reversed batch (TF1's and timm's elem mode) in a few
+    tensor ops, as a user writes it, and label smoothing; or the labels themselves."""
+    if not parts.mixup:
+        return parts.images, parts.labels
+    n = parts.images.shape[0]
+    lam = torch.distributions.Beta(parts.mixup, parts.mixup).sample((n,)).to(parts.device)
+    images = parts.images * lam.view(n, 1, 1, 1) + parts.images.flip(0) * (1 - lam).view(n, 1, 1, 1)
+    off, on = parts.smoothing / parts.num_classes, 1 - parts.smoothing + parts.smoothing / parts.num_classes
+    one_hot = torch.full((n, parts.num_classes), off, device=parts.device).scatter_(1, parts.labels.view(n, 1), on)
+    return images, one_hot * lam.view(n, 1) + one_hot.flip(0) * (1 - lam).view(n, 1)
 
 
 class _Clock:
-    """Wall time from the end of the warm-up to the device's end of the last step; CUDA events for device time."""
+    """Wall time from the end of the warm-up to the device's end of the last step, the process's CPU time over the
+    same steps, and CUDA events for device time."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.started = 0.0
+        self.cpu_started = 0.0
         self.result: dict[str, float] = {}
         self._start: Any = None
 
     def start(self) -> None:
         _wait(self.device)
         self.started = time.perf_counter()
+        self.cpu_started = time.process_time()
         if self.device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
@@ -135,35 +222,44 @@ class _Clock:
             end.record()
         _wait(self.device)
         host_ms = 1000 * (time.perf_counter() - self.started) / steps
+        cpu_ms = 1000 * (time.process_time() - self.cpu_started) / steps
         device_ms = self._start.elapsed_time(end) / steps if end is not None else math.nan
-        self.result = {"host_ms": host_ms, "device_ms": device_ms}
+        self.result = {"host_ms": host_ms, "cpu_ms": cpu_ms, "device_ms": device_ms}
         return self.result
 
 
-def bare_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
-    """The same network, optimizer and schedule as imgcls builds them, in a plain loop over the same batch."""
-    parts = _parts(cfg, steps + warmup)
-    net, optimizer, device, half = parts.net, parts.optimizer, parts.device, parts.half
-    scaler = torch.amp.GradScaler(device.type, enabled=half is torch.float16)
-    criterion = torch.nn.CrossEntropyLoss()
+def bare_loop(cfg: DictConfig, steps: int, warmup: int, imgcls_optimizer: bool = False) -> dict[str, float]:
+    """The same network and schedule as imgcls builds them, in a plain loop over the same batch. imgcls_optimizer:
+    with imgcls's optimizer, whose gradients are unscaled before its step as imgcls's precision plugin does."""
+    parts = _parts(cfg, steps + warmup, imgcls_optimizer)
+    net, optimizer, device, half, scaler = parts.net, parts.optimizer, parts.device, parts.half, parts.scaler
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.0 if parts.mixup else parts.smoothing)
+    unscale_first = imgcls_optimizer and scaler.is_enabled() and getattr(optimizer, "_step_supports_amp_scaling", False)
     clock = _Clock(device)
     for step in range(steps + warmup):
         if step == warmup:
             clock.start()
+        images, targets = _training_batch(parts)
         with torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None):
-            loss = criterion(net(parts.images), parts.labels)
+            loss = criterion(net(images), targets)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        if unscale_first:
+            scaler.unscale_(optimizer)
         scaler.step(optimizer)
         scaler.update()
+        if parts.ema is not None:
+            parts.ema.update(net, step=step)
         parts.scheduler.step_update(num_updates=step + 1)
     return clock.stop(steps)
 
 
 def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
-    """The same parts in the smallest LightningModule (training_step, optimizer, scheduler) and a bare Trainer: what
-    Lightning's own loop costs, apart from what imgcls adds to it."""
+    """The same parts in the smallest LightningModule (training_step, optimizer, scheduler, the EMA update after each
+    step) and a bare Trainer with Lightning's own precision plugin: what Lightning's own loop costs, apart from what
+    imgcls adds to it."""
     import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
 
     parts = _parts(cfg, steps + warmup)
     clock = _Clock(parts.device)
@@ -173,6 +269,10 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]
         None: "32-true",
     }
     precision = by_dtype[parts.half]
+    # Lightning turns precision="16-mixed" on a CPU into bf16: real fp16 there needs its plugin, given the scaler.
+    scaling = parts.scaler.is_enabled()
+    plugins: list[Any] = [MixedPrecision("16-mixed", parts.device.type, parts.scaler)] if scaling else []
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.0 if parts.mixup else parts.smoothing)
 
     class Minimal(L.LightningModule):
         def __init__(self) -> None:
@@ -180,7 +280,8 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]
             self.net = parts.net
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+            images, targets = _training_batch(parts)
+            return criterion(self.net(images), targets)
 
         def configure_optimizers(self) -> Any:
             return {"optimizer": parts.optimizer, "lr_scheduler": {"scheduler": parts.scheduler, "interval": "step"}}
@@ -189,6 +290,8 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]
             scheduler.step_update(num_updates=self.global_step)
 
         def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if parts.ema is not None:
+                parts.ema.update(self.net, step=batch_idx)
             if batch_idx == warmup - 1:
                 clock.start()
             if batch_idx == warmup + steps - 1:
@@ -202,9 +305,9 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]
             return iter([(parts.images, parts.labels)] * (steps + warmup))
 
     trainer = L.Trainer(
-        accelerator=parts.device.type, devices=1, precision=precision, max_epochs=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        benchmark=not bool(cfg.deterministic),
+        accelerator=parts.device.type, devices=1, precision=None if plugins else precision, plugins=plugins,
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, benchmark=not bool(cfg.deterministic),
     )  # fmt: skip
     trainer.fit(Minimal(), SameBatch())
     return clock.result
@@ -227,24 +330,72 @@ def profile(cfg: DictConfig, top: int) -> str:
     return out.getvalue()
 
 
-def table(results: dict[str, list[dict[str, float]]], cfg: DictConfig, steps: int) -> str:
+BARE, LIGHTNING, IMGCLS = "bare PyTorch loop", "Lightning, smallest module", "imgcls (mode=benchmark)"
+BARE_IMGCLS_OPTIMIZER = "bare loop, imgcls's optimizer"
+
+
+def skips_on_the_device(cfg: DictConfig) -> bool:
+    """Whether imgcls's optimizer differs from the user's: RMSprop under an fp16 loss scaler skips an overflowed step
+    on the device (training/optimizer.py), where a bare GradScaler reads the flag on the host."""
+    cuda = str(cfg.trainer.accelerator) in ("gpu", "cuda")
+    fp16 = str(cfg.precision.name) == "amp" and (cuda or bool(cfg.precision.get("cpu_fp16")))
+    return fp16 and str(cfg.recipe.optimizer) in ("rmsprop", "rmsprop_tf")
+
+
+def table(results: dict[str, list[dict[str, float]]], cfg: DictConfig, steps: int, feature_set: str = "plain") -> str:
     def cell(rows: list[dict[str, float]], key: str) -> str:
         values = [r[key] for r in rows if not math.isnan(r[key])]
         if not values:
             return "-"
         return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
-    bare = statistics.median(r["host_ms"] for r in results["bare PyTorch loop"])
+    bare = {key: statistics.median(r[key] for r in results[BARE]) for key in ("host_ms", "cpu_ms")}
     lines = [
-        f"{cfg.model.arch} @{cfg.model.image_size} px, batch {_batch_size(cfg)}, precision={cfg.precision.name}, "
-        f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results['bare PyTorch loop'])} runs",
-        "| loop | ms a step, median (min-max) | device ms a step | extra host ms over the bare loop |",
-        "|---|---:|---:|---:|",
+        f"{feature_set}: {cfg.model.arch} @{cfg.model.image_size} px, batch {_batch_size(cfg)}, "
+        f"precision={cfg.precision.name}, optimizer={cfg.recipe.optimizer}, ema={cfg.recipe.ema_decay}, "
+        f"mixup={cfg.recipe.mixup} ({cfg.recipe.mixup_mode}), drop_path={cfg.model.drop_path_rate}, "
+        f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results[BARE])} runs",
+        "| loop | ms a step, median (min-max) | CPU ms a step | device ms a step | extra CPU ms over the bare loop "
+        "| extra host ms over the bare loop |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, rows in results.items():
-        extra = statistics.median(r["host_ms"] for r in rows) - bare
-        lines.append(f"| {name} | {cell(rows, 'host_ms')} | {cell(rows, 'device_ms')} | {extra:+.2f} |")
+        extra = {key: statistics.median(r[key] for r in rows) - bare[key] for key in bare}
+        lines.append(
+            f"| {name} | {cell(rows, 'host_ms')} | {cell(rows, 'cpu_ms')} | {cell(rows, 'device_ms')} "
+            f"| {extra['cpu_ms']:+.2f} | {extra['host_ms']:+.2f} |"
+        )
     return "\n".join(lines)
+
+
+def summary(tables: dict[str, dict[str, list[dict[str, float]]]]) -> str:
+    """One row per feature set: imgcls's median ms a step against its bare loop's, wall and CPU time."""
+    lines = [
+        "| feature set | bare loop ms | imgcls ms | imgcls - bare | bare loop CPU ms | imgcls CPU ms "
+        "| imgcls - bare, CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, results in tables.items():
+        bare, ours = ({k: statistics.median(r[k] for r in results[loop]) for k in ("host_ms", "cpu_ms")}
+                      for loop in (BARE, IMGCLS))  # fmt: skip
+        lines.append(
+            f"| {name} | {bare['host_ms']:.2f} | {ours['host_ms']:.2f} | {ours['host_ms'] - bare['host_ms']:+.2f} "
+            f"| {bare['cpu_ms']:.2f} | {ours['cpu_ms']:.2f} | {ours['cpu_ms'] - bare['cpu_ms']:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def measure(cfg: DictConfig, steps: int, warmup: int, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Each loop `repeats` times, alternating, so that a machine's drift reaches each loop alike."""
+    loops = [BARE, LIGHTNING, IMGCLS] + ([BARE_IMGCLS_OPTIMIZER] if skips_on_the_device(cfg) else [])
+    results: dict[str, list[dict[str, float]]] = {loop: [] for loop in loops}
+    for _ in range(repeats):
+        results[BARE].append(bare_loop(cfg, steps, warmup))
+        results[LIGHTNING].append(lightning_loop(cfg, steps, warmup))
+        results[IMGCLS].append(imgcls_loop(cfg))
+        if BARE_IMGCLS_OPTIMIZER in results:
+            results[BARE_IMGCLS_OPTIMIZER].append(bare_loop(cfg, steps, warmup, imgcls_optimizer=True))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,25 +405,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print imgcls's N costliest functions")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: host time, not core contention)")
+    parser.add_argument(
+        "--sets",
+        default="plain",
+        help=f"feature sets, comma-separated (their overrides first): {', '.join(FEATURE_SETS)}",
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. precision=amp model=resnet50")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
+    feature_sets = [name.strip() for name in args.sets.split(",") if name.strip()]
+    unknown = [name for name in feature_sets if name not in FEATURE_SETS]
+    if unknown or not feature_sets:
+        parser.error(f"--sets: {', '.join(unknown) or 'none given'}; known: {', '.join(FEATURE_SETS)}")
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory(prefix="imgcls-overhead-") as run_dir:
-        cfg = compose(args.overrides, args.steps, args.warmup, run_dir)
-        from imgcls.config.hardware import resolve_auto_hardware
+    from imgcls.config.hardware import resolve_auto_hardware
 
-        resolve_auto_hardware(cfg)
-        results: dict[str, list[dict[str, float]]] = {
-            "bare PyTorch loop": [], "Lightning, smallest module": [], "imgcls (mode=benchmark)": [],
-        }  # fmt: skip
-        for _ in range(args.repeats):
-            results["bare PyTorch loop"].append(bare_loop(cfg, args.steps, args.warmup))
-            results["Lightning, smallest module"].append(lightning_loop(cfg, args.steps, args.warmup))
-            results["imgcls (mode=benchmark)"].append(imgcls_loop(cfg))
-        print(table(results, cfg, args.steps))
-        if args.profile:
-            print(profile(cfg, args.profile))
+    tables: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for feature_set in feature_sets:
+        torch.manual_seed(0)
+        with tempfile.TemporaryDirectory(prefix="imgcls-overhead-") as run_dir:
+            cfg = compose(args.overrides, args.steps, args.warmup, run_dir, feature_set)
+            resolve_auto_hardware(cfg)
+            tables[feature_set] = measure(cfg, args.steps, args.warmup, args.repeats)
+            print(table(tables[feature_set], cfg, args.steps, feature_set), flush=True)
+            if args.profile:
+                print(profile(cfg, args.profile))
+    if len(tables) > 1:
+        print(summary(tables))
     return 0
 
 
