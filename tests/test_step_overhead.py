@@ -180,6 +180,19 @@ def test_the_bare_loops_train_what_a_user_would_write(tmp_path: Path) -> None:
     assert torch.allclose(targets.sum(1), torch.ones(len(images)))
 
 
+def test_the_optimizer_step_table_times_the_users_optimizer_and_imgcls_both_ways(tmp_path: Path) -> None:
+    cfg = overhead.compose([], 1, 1, str(tmp_path), "efficientnet_amp")
+    table = overhead.optimizer_steps(cfg, 2)
+    assert "test_efficientnet (49 parameter tensors), optimizer=rmsprop_tf" in table
+    rows = re.findall(r"^\| (.+?) \| ([\d.]+) \(", table, re.M)
+    assert [name for name, _ in rows] == [
+        "bare GradScaler.step, the user's optimizer",
+        "imgcls's optimizer, unscale_ first (imgcls's precision plugin)",
+        "imgcls's optimizer, GradScaler.step alone",
+    ]
+    assert all(float(ms) > 0 for _, ms in rows)
+
+
 @pytest.mark.slow
 def test_fp16_rmsprop_skips_overflows_in_a_fixed_handful_of_ops_a_step(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -398,17 +398,75 @@ def measure(cfg: DictConfig, steps: int, warmup: int, repeats: int) -> dict[str,
     return results
 
 
+def optimizer_steps(cfg: DictConfig, steps: int) -> str:
+    """The optimizer step alone under an fp16 GradScaler, for the set's network and parameter groups, with the same
+    random gradients each step and no overflow: timm's or torch's optimizer as a bare loop steps it (unscale_, the
+    flag read on the host, the step) against imgcls's (build_optimizer: RMSprop skips an overflowed step on the
+    device), stepped as imgcls's precision plugin does (unscale_ first) and as a bare GradScaler.step alone does.
+    The three alternate step by step; the table has each one's median CPU time (this thread's) over `steps`."""
+    from imgcls.run.plan import resolve_plan
+    from imgcls.training.module import ClassificationModule
+    from imgcls.training.optimizer import build_optimizer, parameter_groups
+    from imgcls.typed_config import to_dict
+
+    plan = resolve_plan(cfg)
+    resolved = to_dict(cfg, resolve=True)
+    device = torch.device("cuda" if str(cfg.trainer.accelerator) in ("gpu", "cuda") else "cpu")
+    classes = [str(i) for i in range(int(cfg.data.num_classes))]
+    loops: dict[str, tuple[Any, ...]] = {}
+    for name, fused, unscale_first in (
+        ("bare GradScaler.step, the user's optimizer", cfg.recipe.optimizer == "sgd", False),
+        ("imgcls's optimizer, unscale_ first (imgcls's precision plugin)", True, True),
+        ("imgcls's optimizer, GradScaler.step alone", True, False),
+    ):
+        torch.manual_seed(0)
+        module = ClassificationModule(resolved["model"], resolved["recipe"], plan.as_dict(), classes)
+        net = module.net.to(device)
+        groups = parameter_groups(net, plan.weight_decay, str(module.recipe.weight_decay_on))
+        optimizer = build_optimizer(groups, module.recipe, plan.lr, fused=fused)
+        scaler = torch.amp.GradScaler(device.type, init_scale=128.0)
+        grads = [torch.randn_like(p) * 128.0 for p in net.parameters()]
+        loops[name] = (net, optimizer, scaler, grads, unscale_first, [])
+    for step in range(steps + 3):
+        for net, optimizer, scaler, grads, unscale_first, times in loops.values():
+            scaler.scale(torch.ones((), device=device))
+            for p, g in zip(net.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            _wait(device)
+            started = time.thread_time()
+            if unscale_first:
+                scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            _wait(device)
+            if step >= 3:  # imgcls's optimizer lists its tensors in its first two steps
+                times.append(1000 * (time.thread_time() - started))
+    tensors = sum(1 for _ in next(iter(loops.values()))[0].parameters())
+    lines = [
+        f"optimizer step: {cfg.model.arch} ({tensors} parameter tensors), optimizer={cfg.recipe.optimizer}, "
+        f"{device.type}, {steps} steps each, alternating",
+        "| optimizer step | CPU ms, median (min-max) |",
+        "|---|---:|",
+    ]
+    for name, (*_, times) in loops.items():
+        lines.append(f"| {name} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m imgcls.bench.overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="timed steps a run")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating (0: none)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print imgcls's N costliest functions")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: host time, not core contention)")
     parser.add_argument(
         "--sets",
         default="plain",
         help=f"feature sets, comma-separated (their overrides first): {', '.join(FEATURE_SETS)}",
+    )
+    parser.add_argument(
+        "--optimizer-steps", type=int, default=0, metavar="N", help="also time the optimizer step alone, N steps"
     )
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. precision=amp model=resnet50")
     args = parser.parse_args(argv)
@@ -425,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="imgcls-overhead-") as run_dir:
             cfg = compose(args.overrides, args.steps, args.warmup, run_dir, feature_set)
             resolve_auto_hardware(cfg)
+            if args.optimizer_steps:
+                print(optimizer_steps(cfg, args.optimizer_steps), flush=True)
+            if args.repeats <= 0:
+                continue
             tables[feature_set] = measure(cfg, args.steps, args.warmup, args.repeats)
             print(table(tables[feature_set], cfg, args.steps, feature_set), flush=True)
             if args.profile:
