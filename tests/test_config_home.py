@@ -81,6 +81,7 @@ ALLOWED: dict[str, str] = {
     "config/overrides.py::_check_groups": "command: the command line's groups",
     "config/hardware.py::refuse_auto_on_a_cluster_launcher": "command: a SLURM sweep sized before auto resolves",
     "config/hardware.py::launch_of": "machine: the layout torchrun or srun gave this process",
+    "bench/training.py::BenchmarkTimer.on_train_start": "data: an epoch shorter than the benchmark's timed window",
     "config/hardware.py::_fit_launch": "machine: torchrun/srun processes per node and nodes vs GPUs and trainer.*",
     "run/plan.py::accumulation_steps": "machine: the batches over the resolved world size (trainer.devices=auto)",
     "run/plan.py::lookup_batch": "machine: hardware=auto becomes the machine's profile after the checks run",

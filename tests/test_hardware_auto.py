@@ -43,6 +43,11 @@ def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(("TORCHELASTIC", "SLURM")) or key in LAUNCHER_VARIABLES:
             monkeypatch.delenv(key)
+    # A Trainer made under a mocked launcher sets Lightning's process-wide rank (SLURM_PROCID=3: rank 3); put back,
+    # or the tests that run after these in this process write no logs (only rank zero does).
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", getattr(rank_zero_only, "rank", 0))
 
 
 LAUNCHER_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK", "CUDA_VISIBLE_DEVICES")

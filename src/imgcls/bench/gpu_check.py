@@ -403,11 +403,20 @@ def parse_overhead(text: str) -> dict[str, float]:
     if header is None:
         raise ValueError("no bench.overhead table in the output")
     figures: dict[str, float] = {"batch": float(header.group(1))}
+    columns = re.search(r"^\| loop \|(.*)\|\s*$", text, flags=re.M)
+    if columns is None:
+        raise ValueError("no header row in bench.overhead's table")
+    names = [c.strip() for c in columns.group(1).split("|")]  # by name: the table has gained columns before
+    try:
+        host_at, device_at = names.index("ms a step, median (min-max)"), names.index("device ms a step")
+    except ValueError:
+        raise ValueError(f"bench.overhead's table has no median or device column ({names})") from None
     for name, key in ((BARE, "bare"), (IMGCLS, "imgcls")):
-        row = re.search(rf"^\| {re.escape(name)} \| ([^|]+)\| ([^|]+)\|", text, flags=re.M)
+        row = re.search(rf"^\| {re.escape(name)} \|(.*)\|\s*$", text, flags=re.M)
         if row is None:
             raise ValueError(f"no '{name}' row in bench.overhead's table")
-        host, device = (cell.split()[0] for cell in row.groups())
+        cells = [c.strip() for c in row.group(1).split("|")]
+        host, device = cells[host_at].split()[0], cells[device_at].split()[0]
         figures[f"{key}_ms"] = float(host)
         figures[f"{key}_device_ms"] = math.nan if device == "-" else float(device)
     return figures
