@@ -165,7 +165,10 @@ def check_behaviour(name: str, f: dict[str, object], probes: list[dict]) -> None
             if f["ema"]:
                 assert got["ema_decay"] == float(recipe.ema_decay), (fit, got)
                 assert [u[0] for u in got["ema_updates"]] == steps, (fit, got)
-                expected = [ema_decay(float(recipe.ema_decay), bool(f["ema_dynamic_decay"]), s) for s in steps]
+                expected = [
+                    ema_decay(float(recipe.ema_decay), bool(f["ema_dynamic_decay"]), s, str(recipe.ema_ramp))
+                    for s in steps
+                ]
                 observed = [(u[1], e) for u, e in zip(got["ema_updates"], expected) if u[1] is not None]
                 # None: the network did not move at that step (step 1: warmup's LR 0), so no decay is observable
                 assert observed, (fit, got)
@@ -176,9 +179,10 @@ def check_behaviour(name: str, f: dict[str, object], probes: list[dict]) -> None
                 assert got["ema_decay"] is None and not got["ema_updates"], (fit, got)
 
 
-def ema_decay(decay: float, dynamic: bool, step: int) -> float:
-    """The EMA's decay at optimizer step `step` (1 = the first): timm copies the weights at the first update; TF2's
-    dynamic decay is min(decay, 1 - 9 / (8 + step)) after it (imgcls/training/module.py)."""
-    if step <= 1:
-        return 0.0
-    return min(decay, 1 - 9 / (8 + step)) if dynamic else decay
+def ema_decay(decay: float, dynamic: bool, step: int, ramp: str = "pytorch") -> float:
+    """The EMA's decay at optimizer step `step` (1 = the first): NVIDIA's min(decay, (1 + t) / (10 + t)), t = step - 1
+    (PyTorch) or step (TF2) (imgcls/training/ema.py); a fixed decay is timm's, which copies the weights first."""
+    if dynamic:
+        t = step - 1 if ramp == "pytorch" else step
+        return min(decay, (1 + t) / (10 + t))
+    return 0.0 if step <= 1 else decay

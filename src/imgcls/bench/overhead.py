@@ -142,7 +142,7 @@ def _parts(cfg: DictConfig, total_steps: int, imgcls_optimizer: bool = False) ->
     from imgcls.run.plan import resolve_plan
     from imgcls.training.module import ClassificationModule
     from imgcls.training.optimizer import build_optimizer, parameter_groups
-    from imgcls.training.precision import set_tf32
+    from imgcls.training.precision import NVIDIA_DEFAULT_SCALE, set_tf32
     from imgcls.training.scheduler import build_scheduler
     from imgcls.typed_config import to_dict
 
@@ -167,17 +167,17 @@ def _parts(cfg: DictConfig, total_steps: int, imgcls_optimizer: bool = False) ->
     half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(str(cfg.precision.name))
     if half is torch.float16 and device.type == "cpu" and not cfg.precision.get("cpu_fp16"):
         half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.training.precision)
-    scale = cfg.precision.get("loss_scale") or {}
+    scale = cfg.precision.get("loss_scale") or NVIDIA_DEFAULT_SCALE  # what imgcls runs for a null loss_scale
     scaler = torch.amp.GradScaler(
         device.type,
-        init_scale=float(scale.get("init_scale", 2.0**16)),
-        growth_interval=int(scale.get("growth_interval", 2000)),
+        init_scale=float(scale["init_scale"]),
+        growth_interval=int(scale["growth_interval"]),
         enabled=half is torch.float16,
     )
     ema = None
     if recipe.ema_decay:
-        # timm's EMA as a user runs it, with the ramp imgcls runs (recipe.ema_dynamic_decay; training/module.py)
-        ema = ModelEmaV3(net, decay=float(recipe.ema_decay), **module._ema_warmup)  # noqa: SLF001
+        # timm's EMA as a user runs it (its decay, ramped or not, costs the same: one float a step)
+        ema = ModelEmaV3(net, decay=float(recipe.ema_decay))
     mixup = float(recipe.mixup or 0.0) if recipe.mixup_mode == "elem" else 0.0
     return _Parts(device, net, images, labels, optimizer, scheduler, half, scaler, ema, mixup,
                   float(recipe.label_smoothing), len(datamodule.classes))  # fmt: skip

@@ -263,7 +263,8 @@ RECIPE: dict[str, Check] = {
     "recipe.train_crop": choice("random_resized", "tf"),  # data.train_crop (data/tf_crop.py)
     "recipe.train_crop_object_boxes": boolean,
     "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
-    "recipe.ema_dynamic_decay": boolean,  # TF2: the EMA decay ramps as min(decay, (1 + t) / (10 + t))
+    "recipe.ema_dynamic_decay": boolean,  # NVIDIA: the EMA decay ramps as min(decay, (1 + t) / (10 + t))
+    "recipe.ema_ramp": choice("pytorch", "tf2"),  # how that t counts steps: NVIDIA PyTorch's or TF2's (training/ema.py)
     # stage-wise recipes (recipe/tf2_efficientnet_stagewise: TF2 --n_stages, --base_img_size, --base_randaug_mag),
     # read through data.progressive
     "recipe.stagewise": boolean,

@@ -71,11 +71,8 @@ class ClassificationModule(L.LightningModule):
         # timm's EMA (not Lightning's EMAWeightAveraging) so that validation can report raw and EMA
         # weights side by side, as NVIDIA's val_ema.* does. Updated once per optimizer step.
         ema_decay = self.recipe.ema_decay
-        # TF2's HvdMovingAverage(dynamic_decay=True) averages with min(decay, (1 + t) / (10 + t)) = 1 - 9 / (10 + t):
-        # timm's EMA warmup 1 - (1 + t' / gamma) ** -power with gamma 9, power 1 and t' = t - 1 (timm copies the
-        # weights at the first update) is 1 - 9 / (8 + t): TF's curve, two steps later.
-        warmup = {"use_warmup": True, "warmup_gamma": 9.0, "warmup_power": 1.0} if self.recipe.ema_dynamic_decay else {}
-        self._ema_warmup = warmup
+        # NVIDIA's ramp min(decay, (1 + t) / (10 + t)), t counted as recipe.ema_ramp's framework counts it (ema.py).
+        self._ema_ramp = str(self.recipe.ema_ramp) if self.recipe.ema_dynamic_decay else None
         self.ema = self._averaged(float(ema_decay)) if ema_decay else None
         self._ema_step = -1  # the global_step of the EMA's last update (on_train_start, on_train_batch_end)
 
@@ -135,7 +132,7 @@ class ClassificationModule(L.LightningModule):
         parameters requiring grad, and DDP then waits for their gradients at every step ("parameters that were not
         used in producing the loss": every EMA run on 2+ devices died at its second step). Frozen, they stay out of
         DDP's buckets; the optimizer takes self.net's parameters only."""
-        ema = ModelEma(self.net, decay=decay, **self._ema_warmup)
+        ema = ModelEma(self.net, decay=decay, ramp=self._ema_ramp)
         ema.requires_grad_(False)
         return ema
 

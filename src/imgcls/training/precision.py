@@ -39,10 +39,9 @@ def resolve_precision(cfg: Any, accelerator: str) -> tuple[str | None, list[Any]
         )
         return "bf16-mixed", []
     set_tf32(bool(cfg.tf32))
-    if name == "16-mixed" and cfg.get("loss_scale"):
-        return None, [MixedPrecision("16-mixed", device=device, scaler=grad_scaler(cfg.loss_scale, device))]
-    if name == "16-mixed" and not uses_cuda:
-        return None, [MixedPrecision("16-mixed", device="cpu")]  # Lightning's default scaler is CUDA's
+    if name == "16-mixed":  # with loss_scale null too: NVIDIA's scaler then, not Lightning's (NVIDIA_DEFAULT_SCALE)
+        scaler = grad_scaler(cfg.get("loss_scale") or NVIDIA_DEFAULT_SCALE, device)
+        return None, [MixedPrecision("16-mixed", device=device, scaler=scaler)]
     return name, []
 
 
@@ -87,15 +86,24 @@ class StaticGradScaler(torch.amp.GradScaler):
         super().update(self._init_scale if new_scale is None else new_scale)
 
 
+# precision.loss_scale=null with fp16: the scaler NVIDIA's PyTorch main.py makes when no script passes
+# --static-loss-scale: GradScaler(init_scale=args.static_loss_scale, whose default is 1, growth_factor=2,
+# backoff_factor=0.5, growth_interval=100) (PYT/main.py:262-267, :477-483 at 729963dd). Lightning's own default
+# (init 65536, growth every 2000 steps) is torch's, which no NVIDIA recipe ran.
+NVIDIA_DEFAULT_SCALE = {"dynamic": True, "init_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                        "growth_interval": 100}  # fmt: skip
+
+
 def grad_scaler(scale: Any, device: str) -> torch.amp.GradScaler:
     """NVIDIA's dynamic loss scaler (IC/training.py): the PyTorch recipes' "static" 128 is its initial value.
-    `dynamic: false` keeps it fixed (the TF1 recipes' static loss scale)."""
+    `dynamic: false` keeps it fixed (the TF1 recipes' static loss scale, apex's static loss_scale=128 of the
+    PyTorch 50-epoch runs)."""
     if scale.get("dynamic", True) is False:
-        return StaticGradScaler(device, init_scale=float(scale.init_scale))
+        return StaticGradScaler(device, init_scale=float(scale["init_scale"]))
     return torch.amp.GradScaler(
         device,
-        init_scale=float(scale.init_scale),
-        growth_factor=float(scale.growth_factor),
-        backoff_factor=float(scale.backoff_factor),
-        growth_interval=int(scale.growth_interval),
+        init_scale=float(scale["init_scale"]),
+        growth_factor=float(scale["growth_factor"]),
+        backoff_factor=float(scale["backoff_factor"]),
+        growth_interval=int(scale["growth_interval"]),
     )
