@@ -395,11 +395,28 @@ def test_a_row_without_syncs_figure_has_no_syncs_mark(tmp_path, monkeypatch) -> 
 
 
 def test_training_row_reports_host_syncs_when_its_report_has_them(tmp_path, monkeypatch) -> None:
-    """report.json has no host-syncs figure today; if it had one, the training row would carry it and its mark."""
+    """The training rows count host syncs (callbacks.count_host_syncs, CUDA only): a training row carries report.json's
+    figure and its mark."""
     monkeypatch.setattr(gpu_check, "run_process", FakeRuns({"amp_GradScaler": trained(train__host_syncs_per_step=0.5)}))
     row = gpu_check.execute(checks(tmp_path)["amp+GradScaler"], "dgxa100", 1, gpu_name=H200)
     assert row["status"] == "FAILED" and row["syncs"] == 0.5
     assert row["note"].endswith("val_ema.top1 30.0%; host syncs 0.50 a step (mark <= 0.1): FAILED")
+
+
+@pytest.mark.parametrize("path", ["amp+GradScaler", "cifar_end_to_end", "dali_cpu_train"])
+def test_validating_rows_count_and_mark_validation_host_syncs(tmp_path, monkeypatch, path: str) -> None:
+    """Every row that validates runs with callbacks.count_host_syncs=true, and a sync a validation step (MeanMetric's
+    weight check, a `.item()` of the accuracy) fails it even when its training steps have none."""
+    check = checks(tmp_path)[path]
+    assert "callbacks.count_host_syncs=true" in check.overrides
+    name, document = trained() if path == "amp+GradScaler" else report(11500, 12000)
+    document["run"].update({"train.host_syncs_per_step": 0.0, "val.host_syncs_per_step": 3.0})
+    monkeypatch.setattr(gpu_check, "run_process", FakeRuns({path.replace("+", "_"): (name, document)}))
+    row = gpu_check.execute(check, "dgxa100", 1, gpu_name=H200)
+    assert row["status"] == "FAILED" and row["syncs"] == 0.0 and row["val_syncs"] == 3.0, row
+    marks = "host syncs 0.00 a step (mark <= 0.1); host syncs 3.00 a validation step (mark <= 0.1): FAILED"
+    assert marks in row["note"]
+    assert "| 0.00 (val 3.00) |" in gpu_check.table([row], H200, 1)
 
 
 @pytest.mark.parametrize(

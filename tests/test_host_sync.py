@@ -22,7 +22,8 @@ import torch.distributed as dist
 import imgcls.distributed
 import imgcls.run.train
 import imgcls.training.timing
-from imgcls.bench.training import SYNC_WARNING, BenchmarkTimer
+from imgcls.bench.training import BenchmarkTimer
+from imgcls.callbacks.host_syncs import SYNC_WARNING
 from imgcls.distributed import SYNC_EVERY_N_STEPS
 from imgcls.training.timing import StepTimer
 from tests import warm_python
@@ -308,3 +309,56 @@ def test_benchmark_counts_the_training_threads_syncs_only(monkeypatch: pytest.Mo
     assert shown == []  # none printed while counting, the other threads' included
     warnings.warn("after", UserWarning, stacklevel=1)
     assert shown == ["after"]  # the warning machinery as it was
+
+
+class _SyncingModule(L.LightningModule):
+    """Raises torch's sync warning as a GPU would: once a training step, twice a validation step, and once in each
+    epoch-end hook (not a step's: outside every window)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def _sync(self) -> None:
+        warnings.warn(f"called a {SYNC_WARNING}", UserWarning, stacklevel=1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self._sync()
+        return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._sync()
+        self._sync()
+
+    def on_validation_epoch_end(self) -> None:
+        self._sync()
+
+    def on_train_epoch_end(self) -> None:
+        self._sync()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_host_sync_count_reports_training_and_validation_steps_apart(tmp_path: Path) -> None:
+    """callbacks.count_host_syncs (make gpu-check's training rows): train.host_syncs_per_step and
+    val.host_syncs_per_step in the report's rows, each a step's own; the sanity check and the epoch ends excluded.
+    The CUDA debug mode is off here (debug_mode=False): the module raises the warnings as torch would."""
+    from imgcls.callbacks.host_syncs import HostSyncCount
+    from imgcls.callbacks.report import ReportCallback
+
+    data = torch.utils.data.TensorDataset(torch.randn(12, 4), torch.randint(0, 2, (12,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=2)  # 6 batches
+    report = ReportCallback(tmp_path)
+    counter = HostSyncCount(report, debug_mode=False)
+    trainer = L.Trainer(
+        max_epochs=2, limit_val_batches=3, num_sanity_val_steps=2, val_check_interval=0.5, callbacks=[report, counter],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(_SyncingModule(), train_dataloaders=loader, val_dataloaders=loader)
+    assert counter.steps == {"train": 12, "val": 12}  # 4 validations of 3 batches, mid-epoch ones included
+    assert report.counters == {"train.host_syncs_per_step": 1.0, "val.host_syncs_per_step": 2.0}
+    assert report.rows[-1]["val.host_syncs_per_step"] == 2.0
+    warnings.warn("after", UserWarning, stacklevel=1)  # the filters are back: shown again (pytest records it)
+    assert not counter.counter.counting

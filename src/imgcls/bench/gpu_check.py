@@ -15,8 +15,9 @@ v1.5), and the AMP benchmark must reach a pass mark of it (pass_mark). On a mach
 one line and exits 0; --dry-run prints the commands it would run (what tests/test_gpu_check.py checks on CPU).
 
 Pass marks besides (each row's note says its marks and the figures):
-- every row with a host-syncs figure: at most 0.1 host syncs a step (MAX_SYNCS_PER_STEP); report.json has no
-  such figure (only the mode=benchmark rows' benchmark.json), so the training rows have no syncs mark;
+- every row with a host-syncs figure: at most 0.1 host syncs a step (MAX_SYNCS_PER_STEP): the benchmark rows'
+  timed steps (benchmark.json), and the training rows' training and validation steps apart (report.json's
+  train/val.host_syncs_per_step: they run with callbacks.count_host_syncs=true, callbacks/host_syncs.py);
 - amp+GradScaler: report.json's run summary has the GradScaler's skipped-step count and finite train.loss,
   val.top1 and val_ema.top1 (the run validated, with its EMA copy);
 - ddp_nccl (synthetic resnet50 AMP, batch 256 a GPU as the single-GPU benchmark; it runs after it): its img/s
@@ -149,6 +150,7 @@ def checks(
             common += ["mode=benchmark", "benchmark.warmup=10", f"benchmark.iterations={iterations or steps}"]
         elif mode == "epoch":  # one whole epoch of a real training run, batch 256, a few val batches
             common += [
+                "callbacks.count_host_syncs=true",
                 "recipe.epochs=1",
                 "recipe.warmup_epochs=0",
                 f"trainer.limit_val_batches={VAL_BATCHES}",
@@ -158,6 +160,7 @@ def checks(
         else:  # a real training run (checkpoints, report.json with the scaler's skipped steps), no accumulation:
             # one epoch cut to `steps` batches, so that it ends and validates (max_steps would stop before that)
             common += [
+                "callbacks.count_host_syncs=true",
                 "recipe.epochs=1",
                 f"trainer.limit_train_batches={steps}",
                 "trainer.limit_val_batches=2",
@@ -280,9 +283,12 @@ def _mark(row: dict[str, Any], passed: bool, text: str) -> None:
 
 
 def _mark_syncs(row: dict[str, Any]) -> None:
-    if row.get("syncs") is not None:
-        syncs = float(row["syncs"])
-        _mark(row, syncs <= MAX_SYNCS_PER_STEP + 1e-9, f"host syncs {syncs:.2f} a step (mark <= {MAX_SYNCS_PER_STEP})")
+    for key, what in (("syncs", "a step"), ("val_syncs", "a validation step")):
+        if row.get(key) is not None:
+            syncs = float(row[key])
+            _mark(
+                row, syncs <= MAX_SYNCS_PER_STEP + 1e-9, f"host syncs {syncs:.2f} {what} (mark <= {MAX_SYNCS_PER_STEP})"
+            )
 
 
 def _finite(value: Any) -> bool:
@@ -553,6 +559,8 @@ def execute(
         _mark_trained(row, summary)
     if "train.host_syncs_per_step" in summary:
         row["syncs"] = summary["train.host_syncs_per_step"]
+    if "val.host_syncs_per_step" in summary:
+        row["val_syncs"] = summary["val.host_syncs_per_step"]
     if "tf32" in check.extra and summary.get("cuda.tf32") != check.extra["tf32"]:
         row.update(status="FAILED", note=f"TF32 in the training process was {summary.get('cuda.tf32')}, "
                                          f"expected {check.extra['tf32']}")  # fmt: skip
@@ -614,6 +622,8 @@ def table(rows: list[dict[str, Any]], gpu: str, gpus: int) -> str:
     for r in rows:
         ips = f"{float(r['ips']):.0f}" if r["ips"] is not None else "-"
         syncs = f"{float(r['syncs']):.2f}" if r.get("syncs") is not None else "-"
+        if r.get("val_syncs") is not None:
+            syncs += f" (val {float(r['val_syncs']):.2f})"
         lines.append(f"| {r['path']} | {r['status']} | {ips} | {r['published'] or '-'} | {syncs} | {r['note']} |")
     return "\n".join(lines)
 

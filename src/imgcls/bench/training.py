@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
+from imgcls.callbacks.host_syncs import ThreadSyncCounter
 from imgcls.callbacks.order import training_callbacks
 from imgcls.config.checks import check_config
 from imgcls.config.hardware import resolve_auto_hardware
@@ -39,42 +38,6 @@ from imgcls.training.timing import StepTimer
 from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)
-
-
-SYNC_WARNING = "synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")'s message
-
-
-class ThreadSyncCounter:
-    """Counts the warnings containing `marker` that the thread which called start() raises until stop().
-
-    The warning machinery is process-wide: with every warning recorded, the DataLoader's pin-memory thread (an
-    is_pinned check per tensor per batch) made 481 of 495 counted syncs on one H200, none of them in the training
-    step. Other threads' warnings, and this thread's other warnings, are dropped while counting: shown, the
-    "always" filter would print one per batch."""
-
-    def __init__(self, marker: str = SYNC_WARNING) -> None:
-        self.marker = marker
-        self.count = 0
-        self._catcher: warnings.catch_warnings | None = None
-        self._thread: int | None = None
-
-    def start(self) -> None:
-        self.count = 0
-        self._thread = threading.get_ident()
-        self._catcher = warnings.catch_warnings()  # puts the filters and showwarning back at stop()
-        self._catcher.__enter__()
-        warnings.simplefilter("always")  # every occurrence, not once per call site
-        warnings.showwarning = self._show
-
-    def stop(self) -> int:
-        if self._catcher is not None:
-            self._catcher.__exit__(None, None, None)
-            self._catcher = None
-        return self.count
-
-    def _show(self, message: Warning | str, *args: Any, **kwargs: Any) -> None:
-        if threading.get_ident() == self._thread and self.marker in str(message):
-            self.count += 1
 
 
 class BenchmarkTimer(L.Callback):

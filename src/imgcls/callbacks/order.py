@@ -17,8 +17,9 @@ from omegaconf import DictConfig
 from imgcls.callbacks.bad_image_report import BadImageReport
 from imgcls.callbacks.checkpoint import checkpoint_callbacks
 from imgcls.callbacks.console import MeasuredModelSummary, progress_bar
-from imgcls.callbacks.epoch_log import EpochLog, run_command
+from imgcls.callbacks.epoch_log import EpochLog, ProgressLines, run_command
 from imgcls.callbacks.finite_loss import FiniteLoss
+from imgcls.callbacks.host_syncs import HostSyncCount
 from imgcls.callbacks.preemption import Preemption, requeue_by
 from imgcls.callbacks.report import ReportCallback
 from imgcls.callbacks.seeding import RankSeed, RNGState
@@ -45,15 +46,18 @@ def training_callbacks(
     last = last_path(run_dir)
     validates = cfg.trainer.get("limit_val_batches") != 0  # 0: NVIDIA --training-only
     overflows = int(cfg.precision.get("max_consecutive_overflows", 10))
+    every_n_steps = cfg.callbacks.get("log_every_n_steps")  # null: no progress lines
+    lines = ProgressLines(int(cfg.recipe.epochs), int(every_n_steps)) if every_n_steps else None
     callbacks: list[L.Callback] = [
         BadImageReport(report, datamodule.bad_images),  # before the report: its rows carry the skipped files
         FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
         report,
         EpochLog(report, run_dir, int(cfg.recipe.epochs), plots=bool(cfg.callbacks.charts), data_args=data_args(cfg)),
         # (after the report: logs the row it has just made)
+        *([lines] if lines is not None else []),  # a log line every N optimizer steps (NVIDIA's print_freq)
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
-        Preemption(last, requeue=requeue_by()),  # saves last.ckpt at a step boundary
+        Preemption(last, requeue=requeue_by(), run_dir=run_dir),  # saves last.ckpt at a step boundary
         *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir, validates),  # after the report: rows in ckpt
         *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
     ]
@@ -62,10 +66,13 @@ def training_callbacks(
         callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=int(patience)))
     # The console: a bar that draws on a terminal only, numbering epochs as the epoch lines do; the summary without
     # an unmeasured FLOPs count (callbacks/console.py).
-    every_n_steps = int(cfg.callbacks.get("progress_bar_every_n_steps") or 1)
-    bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.recipe.epochs), every_n_steps)
+    redraw_every = int(cfg.callbacks.get("progress_bar_every_n_steps") or 1)
+    loss_of = lines.loss if lines is not None else None  # the bar shows the progress lines' loss
+    bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.recipe.epochs), redraw_every, loss_of)
     if bar is not None:
         callbacks.append(bar)
     if cfg.trainer.get("enable_model_summary", True) and not cfg.trainer.get("barebones"):  # barebones refuses one
         callbacks.append(MeasuredModelSummary())
+    if cfg.callbacks.get("count_host_syncs"):  # last: its batch-end hook follows every other callback's
+        callbacks.append(HostSyncCount(report))
     return callbacks, report

@@ -67,7 +67,7 @@ class ReportCallback(L.Callback):
         self.val = StepTimer()
         self._losses: list[torch.Tensor] = []  # each step's loss, on the device: summed once an epoch, no kernel a step
         self._epoch_written = -1
-        self.counters: dict[str, int] = {}  # running totals other callbacks keep (train.amp_skipped_steps)
+        self.counters: dict[str, float] = {}  # running figures other callbacks keep (train.amp_skipped_steps)
 
     def wall_time(self) -> float:
         """Seconds of this run: earlier invocations' (from the checkpoint) and this one's since its fit started."""
