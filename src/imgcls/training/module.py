@@ -65,8 +65,15 @@ class ClassificationModule(L.LightningModule):
         self.train_criterion = (
             SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=smoothing)
         )
-        # Plain CE in eval, as NVIDIA reports val.loss; per sample, so that its mean needs no weights (below).
+        # val.loss: plain CE, per sample, so that its mean needs no weights (below). With label smoothing,
+        # val.loss_smoothed too: NVIDIA PyTorch validates with its training criterion (PYT/main.py:453-457), which
+        # is LabelSmoothing (PYT/image_classification/smoothing.py:33-40) in the recipes without mixup, so its
+        # val.loss is val.loss_smoothed there (90e, 50e); with mixup NLLMultiLabelSmooth's eval branch is plain
+        # cross_entropy (PYT/image_classification/mixup.py:54-69): val.loss (250e, efficientnet).
         self.val_criterion = nn.CrossEntropyLoss(reduction="none")
+        self.val_smoothed_criterion = (
+            nn.CrossEntropyLoss(reduction="none", label_smoothing=smoothing) if smoothing > 0 else None
+        )
 
         # timm's EMA (not Lightning's EMAWeightAveraging) so that validation can report raw and EMA
         # weights side by side, as NVIDIA's val_ema.* does. Updated once per optimizer step.
@@ -89,6 +96,8 @@ class ClassificationModule(L.LightningModule):
                     "loss": MeanMetric(nan_strategy="disable"),
                 }
             )
+            if self.val_smoothed_criterion is not None:
+                self.val_metrics[prefix]["loss_smoothed"] = MeanMetric(nan_strategy="disable")
 
     def compile_network(self) -> None:
         """`compile=true` for training and its benchmark alike: torch.compile in place (nn.Module.compile), so
@@ -232,6 +241,8 @@ class ClassificationModule(L.LightningModule):
         metrics["top1"].update(logits, labels)
         metrics["top5"].update(logits, labels)
         metrics["loss"].update(self.val_criterion(logits.float(), labels))
+        if self.val_smoothed_criterion is not None:
+            metrics["loss_smoothed"].update(self.val_smoothed_criterion(logits.float(), labels))
 
     def _metrics(self, prefix: str) -> dict[str, Metric]:
         """The val metrics of `prefix` (built in __init__); nn.ModuleDict types its values as any nn.Module."""
@@ -247,6 +258,8 @@ class ClassificationModule(L.LightningModule):
             self.log(f"{name}.top1", metrics["top1"].compute() * 100, prog_bar=name == "val")
             self.log(f"{name}.top5", metrics["top5"].compute() * 100)
             self.log(f"{name}.loss", metrics["loss"].compute())
+            if "loss_smoothed" in metrics:
+                self.log(f"{name}.loss_smoothed", metrics["loss_smoothed"].compute())
             for metric in metrics.values():
                 metric.reset()
 
