@@ -1,11 +1,14 @@
 """Every value of the resolved config checked once, up front, against one schema per config group (MODEL, RECIPE,
 DATA, ...: key -> allowed values).
 
-Choice: checked tables rather than Hydra structured configs. Structured configs would mean a dataclass
-per group option (15 models, 6 hardware profiles with free-form batch tables, 4 recipes, ...) and
-still no ranges (OmegaConf checks types only). The tables name every key of the shipped configs with
-its type and range; tests/test_config_checks.py composes every group option and fails when a key is
-missing from them, so a new key cannot slip past unchecked. Defaults live in conf/ only (an optional key's "off"
+Choice, for now: checked tables, not yet Hydra structured configs. Hydra's own pattern (its "Structured Configs"
+schema tutorial) is one dataclass per config group in the ConfigStore that every YAML option of the group extends
+(`defaults: [<schema>, _self_]`): the options stay YAML, so it takes one dataclass per group, not one per option
+(a hardware profile's batch table is one typed mapping field). That migration is pending; OmegaConf would then
+refuse unknown keys and wrong types itself, and the ranges and cross-key rules below would check typed objects.
+Until then the tables name every key of the shipped configs with its type and range;
+tests/test_config_checks.py composes every group option and fails when a key is missing from them, so a new key
+cannot slip past unchecked. Defaults live in conf/ only (an optional key's "off"
 value in conf/GROUP/_base.yaml), and docs/config-keys.md is generated from both (imgcls.config.reference). Runtime
 code trusts what is checked here: tests/test_config_home.py lists every other `raise ConfigError` and why it
 cannot be checked up front. The tables are also what a `+KEY=...` on the command line
@@ -14,16 +17,21 @@ may add (imgcls.config.overrides refuses any other key, with a did-you-mean): a 
 hardware.batch) or one of OPEN's namespaces (data.storage_options: fsspec's options).
 
 A bad value ends the run before anything is built, in one line naming the key, the value and what is
-allowed (ConfigError, exit 2). Strings whose allowed values depend on the installed libraries (model
-arch, backend, optimizer, ...) are checked where they are used; here they only need to be present.
+allowed (ConfigError, exit 2). So does a key no table has, wherever it was written (a typo in a shipped option, an
+experiment, conf/local/default.yaml or a user's own option in a search path would otherwise leave the setting it
+meant at its default, silently): one line naming the file that sets it (imgcls.config.provenance), the key and
+the nearest key, as the command line's did-you-mean names it. Strings whose allowed values depend on the
+installed libraries (model arch, backend, optimizer, ...) are checked where they are used; here they only need to
+be present.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -38,6 +46,7 @@ from imgcls.config.choices import (
     DALI_TRAIN_RESIZES,
     DROP_PATH_MASKS,
     HOST_RESIZE_MODES,
+    IMGCLS_TRAINER_ARGS,
     LR_INTERVALS,
     MIXUP_MODES,
     OPTIMIZERS,
@@ -46,6 +55,7 @@ from imgcls.config.choices import (
     SCHEDULES,
     WEIGHT_DECAY_SETS,
 )
+from imgcls.config.provenance import where_set
 from imgcls.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -357,7 +367,7 @@ CALLBACKS: dict[str, Check] = {
     "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.charts": boolean,
 }
-TRAINER: dict[str, Check] = {  # any other key a user adds goes to lightning.Trainer as is
+TRAINER: dict[str, Check] = {  # closed: every lightning.Trainer argument imgcls does not set (test_trainer_args.py)
     "trainer.accelerator": anything,
     "trainer.devices": anything,
     "trainer.num_nodes": POSITIVE,
@@ -406,6 +416,11 @@ OPEN: dict[str, Check] = {
     # An experiment's result is one ${imgcls.published:...} value; a user may fill the default's null by hand.
     "expected.*": anything,
 }
+# Keys whose presence is the setting: an empty mapping that turns a logger on (run/loggers.py reads the names).
+# leaves() yields no empty mapping, so no value rule of LOGGER could match them; the key check knows them from here.
+SWITCHES: dict[str, Check] = {"logger.csv": anything, "logger.tensorboard": anything}
+# lightning.Trainer arguments imgcls sets from other keys: the key to set instead (None: nothing to set).
+SET_BY_IMGCLS: dict[str, str | None] = {f"trainer.{key}": instead for key, instead in IMGCLS_TRAINER_ARGS.items()}
 
 # `python evaluate.py`: its own keys; model and precision (optional groups) as for training.
 EVALUATE: dict[str, Check] = {
@@ -463,6 +478,108 @@ def rule_for(key: str, table: dict[str, Check]) -> Check | None:
     return next((check for pattern, check in table.items() if "*" in pattern and fnmatch.fnmatch(key, pattern)), None)
 
 
+def known(key: str, table: dict[str, Check] | None) -> bool:
+    """A key of the check table, or inside one of its open namespaces (`*`, OPEN), or a mapping above such keys."""
+    for pattern in {**table, **OPEN} if table is not None else {}:
+        parts = pattern.split(".")
+        if any(fnmatch.fnmatch(key, ".".join(parts[:n])) for n in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+def names_at(parts: Sequence[str], depth: int, patterns: Iterable[str], mappings_only: bool = False) -> set[str]:
+    """The names the patterns have at parts[depth] under parts[:depth] (matched part by part, so `*` rows count):
+    what an unknown name at that level may have meant. mappings_only: only names with keys below them."""
+    names = set()
+    for pattern in patterns:
+        pattern_parts = pattern.split(".")
+        if len(pattern_parts) > depth + mappings_only and all(
+            fnmatch.fnmatchcase(part, p) for part, p in zip(parts[:depth], pattern_parts, strict=False)
+        ):
+            names.add(pattern_parts[depth])
+    return {name for name in names if "*" not in name}
+
+
+def closest(name: str, names: Iterable[str]) -> list[str]:
+    """The did-you-mean of an unknown name (of a key or a group), nearest first: a command-line override's
+    (config.overrides) and a YAML file's (check_config)."""
+    return difflib.get_close_matches(name, sorted(names), n=3)
+
+
+def _key_table(table: dict[str, Check]) -> dict[str, Check]:
+    """The keys a config of this table may hold: its rules, and the logger switches where it has a logger."""
+    return {**table, **SWITCHES} if any(k.startswith("logger.") for k in table) else table
+
+
+def _listed_below(key: str, patterns: Iterable[str]) -> bool:
+    parts = key.split(".")
+    for pattern in patterns:
+        pattern_parts = pattern.split(".")
+        if len(pattern_parts) > len(parts) and all(map(fnmatch.fnmatchcase, parts, pattern_parts)):
+            return True
+    return False
+
+
+def unknown_keys(cfg: DictConfig, table: dict[str, Check]) -> list[str]:
+    """The keys of cfg that no table has, in the config's order (nothing resolved). Below a key whose rule is
+    `anything` and which has no keys listed under it is its consumer's value (trainer.max_time's timedelta fields)."""
+    allowed = _key_table(table)
+    unknown: list[str] = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for name in node.keys():
+            key = f"{prefix}{name}"
+            if not prefix and key == "hydra":  # Hydra's own node, where a composition keeps it: Hydra's to check
+                continue
+            if not known(key, allowed):
+                unknown.append(key)
+                continue
+            child = node._get_node(name)
+            free = rule_for(key, {**allowed, **OPEN}) is anything and not _listed_below(key, [*allowed, *OPEN])
+            if isinstance(child, DictConfig) and not child._is_none() and not free:
+                walk(child, key + ".")
+
+    walk(cfg, "")
+    return unknown
+
+
+def _unknown_line(cfg: DictConfig, keys: list[str], table: dict[str, Check]) -> str:
+    """One line for the keys no table has: per key, the file that set it and the key meant."""
+    sources = where_set(keys)
+    allowed = _key_table(table)
+    patterns = [*allowed, *OPEN, *(SET_BY_IMGCLS if "trainer.accelerator" in table else {})]
+    said: list[str] = []
+    previous = ""
+    for key in keys:
+        parts = key.split(".")
+        depth = len(parts) - 1  # unknown_keys stops at the first name no table has
+        parent = ".".join(parts[:depth])
+        where = f"a key of {parent}" if parent else "a config key"
+        node = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        groups = [str(k) for k in node.keys() if known(str(k), allowed)] if isinstance(node, DictConfig) else []
+        meant = closest(parts[depth], names_at(parts, depth, patterns))
+        if key in SET_BY_IMGCLS:
+            instead = SET_BY_IMGCLS[key]
+            why = f"{key} is set by imgcls" + (f"; use {instead}" if instead else "")
+        elif depth == 0 and groups:
+            # A file of a config group (conf/local/default.yaml) without `# @package _global_` puts its keys
+            # under its group's name, where nothing reads them.
+            why = (
+                f"{key} is not a config key: the file's keys land under {key}, its group; start the file with "
+                f"`# @package _global_` to set {', '.join(groups)}"
+            )
+        elif meant:
+            why = f"{key} is not {where}; did you mean {'.'.join([*parts[:depth], meant[0]])}?"
+        else:
+            names = ", ".join(sorted(names_at(parts, depth, patterns)))
+            why = f"{key} is not {where}; " + (f"the keys of {parent or 'the config'}: {names}" if names else
+                                                f"{parent} takes no keys")  # fmt: skip
+        source = ", ".join(sources[key])
+        said.append(f"{source}: {why}" if source and (not said or source != previous) else why)
+        previous = source
+    return " | ".join(said)
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, ListConfig):
         value = OmegaConf.to_container(value)
@@ -515,6 +632,8 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
     """Raise ConfigError for the first value the table does not allow (or an odd batch with mixup); warn about
     a warmup as long as the run (unless warn=False: the CLI's early check, before the command checks again)."""
     table = TRAIN if table is None else table
+    if unknown := unknown_keys(cfg, table):  # first: a typo leaves the setting it meant at its default
+        raise ConfigError(_unknown_line(cfg, unknown, table))
     for key, value in leaves(cfg):
         check = rule_for(key, table)
         allowed = check(value) if check is not None else None

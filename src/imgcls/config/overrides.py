@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable
-from fnmatch import fnmatch
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -27,8 +26,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from imgcls.config.checks import OPEN, Check
-from imgcls.config.choices import IMGCLS_TRAINER_ARGS
+from imgcls.config.checks import SET_BY_IMGCLS, Check, closest, known, names_at
 from imgcls.config.compose import CONF_DIR, options
 from imgcls.config.hardware import refuse_auto_on_a_cluster_launcher
 from imgcls.errors import ConfigError
@@ -38,8 +36,6 @@ GROUPS = (
     "model", "precision", "hardware", "recipe", "data", "logger", "callbacks", "trainer", "experiment",
     "hparams_search", "debug",
 )  # fmt: skip
-# Keys a user sets that imgcls computes from others: the key to set instead (None: nothing to set).
-SET_BY_IMGCLS: dict[str, str | None] = {f"trainer.{key}": instead for key, instead in IMGCLS_TRAINER_ARGS.items()}
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
 
 
@@ -158,16 +154,6 @@ def _unknown_choice(group: str, value: str, allowed: list[str]) -> str:
     else:
         why = f"is not a known {group}" + (f"; did you mean {group}={close[0]}?" if close else ";")
     return f"{group}={value} {why} allowed: {', '.join(allowed)}"
-
-
-def known(key: str, table: dict[str, Check] | None) -> bool:
-    """A key of the check table, or inside one of its open namespaces (`*`, config.checks.OPEN), or a mapping
-    above such keys."""
-    for pattern in {**table, **OPEN} if table is not None else {}:
-        parts = pattern.split(".")
-        if any(fnmatch(key, ".".join(parts[:n])) for n in range(1, len(parts) + 1)):
-            return True
-    return False
 
 
 def _is_group(override: Override) -> bool:
@@ -333,16 +319,12 @@ def _unknown_key(cfg: DictConfig, override: Override, table: dict[str, Check] | 
         level: set[str] = set()
         if isinstance(node, DictConfig) and not node._is_none():
             level = {str(k) for k in node.keys() if not deeper or isinstance(node._get_node(k), DictConfig)}
-        inside = f"{parent}." if parent else ""
-        dots = depth + 1 if deeper else depth
         reserved = SET_BY_IMGCLS if table is not None else {}  # a typo of one of them is still meant for it
-        level |= {
-            p.split(".")[depth] for p in {**(table or {}), **reserved} if p.startswith(inside) and p.count(".") >= dots
-        }
+        level |= names_at(parts, depth, [*(table or {}), *reserved], mappings_only=deeper)
         level = {name for name in level if "*" not in name and name != "hydra"}
         line = _line(override)
         value = line.split("=", 1)[1] if "=" in line else None
-        close = difflib.get_close_matches(part, sorted(level | (set(GROUPS) if depth == 0 else set())), n=3)
+        close = closest(part, level | (set(GROUPS) if depth == 0 else set()))
         choice = next((g for g in close if depth == 0 and g in GROUPS and value in options(g)), None)
         if choice is not None:
             close = [choice]
