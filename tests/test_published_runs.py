@@ -94,9 +94,28 @@ def test_pytorch_accuracy_and_time_are_nvidias() -> None:
     table = {
         (r.model, r.hardware, r.precision, r.epochs): (r.gpus, r.top1, r.top1_std, r.hours if r.epochs == 400 else None)
         for r in runs()
-        if r.framework == "pytorch" and r.top1 is not None
+        if r.framework == "pytorch" and r.top1 is not None and r.precision != "qat"
     }
     assert table == _accuracy() and len(table) == 42
+
+
+def _qat_accuracy() -> dict[str, tuple[int, float]]:
+    """nvidia-pytorch-accuracy.md's "Quant Inference accuracy" table: {model: (QAT epochs, QAT top-1)}."""
+    text = (REFERENCE / "nvidia-pytorch-accuracy.md").read_text()
+    rows = re.findall(r"^\|\s*efficientnet-quant-(b\d)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", text, re.M)
+    return {f"efficientnet_{b}": (int(epochs), float(top1)) for b, epochs, top1 in rows}
+
+
+def test_qat_results_are_nvidias_and_name_their_recipe() -> None:
+    """NVIDIA's QAT top-1s (PYT/efficientnet/README.md:831-832) are rows of the table, each of a recipe=qat_<model>
+    that fine-tunes as NVIDIA's quant script, on the 8 GPUs of the DGX-1 32GB those scripts ran on."""
+    qat = {r.model: r for r in runs() if r.precision == "qat"}
+    assert {model: (r.epochs, r.top1) for model, r in qat.items()} == _qat_accuracy()
+    assert len(qat) == 2
+    for model, run in qat.items():
+        assert (run.framework, run.hardware, run.gpus, run.experiment) == ("pytorch", "dgx1v_32g", 8, None)
+        recipe = compose_config([f"recipe=qat_{model}"]).recipe
+        assert recipe.epochs == run.epochs, model
 
 
 def test_tf_accuracy_time_batch_and_gpus_are_nvidias() -> None:
@@ -195,7 +214,7 @@ def test_experiment_composes_to_its_row(name: str) -> None:
 def test_the_docs_tables_are_the_published_table() -> None:
     """docs/recipes.md shows every experiment's published numbers as `python -m imgcls.config.published` prints them:
     the table is the one place they are typed in."""
-    from imgcls.config.published import FRAMEWORKS, markdown
+    from imgcls.config.published import FRAMEWORKS, markdown, qat_markdown
 
     text = (ROOT / "docs" / "recipes.md").read_text()
     for framework in FRAMEWORKS:
@@ -204,3 +223,5 @@ def test_the_docs_tables_are_the_published_table() -> None:
         assert shown.group(1) == markdown(framework), (
             f"docs/recipes.md: run python -m imgcls.config.published ({framework})"
         )
+    shown = re.search(r"<!-- published:qat -->\n(.*?)<!-- /published:qat -->", text, re.S)
+    assert shown is not None and shown.group(1) == qat_markdown(), "docs/recipes.md: python -m imgcls.config.published"

@@ -8,8 +8,9 @@ train, the training img/s, and `source`, the file:line of every number in NVIDIA
 published for a machine or GPU count no experiment trains on (mode=plan scales with it). A PyTorch run's batch is
 configs.yml's, which conf/hardware holds for every model, machine and precision (published or not), so the table
 leaves it blank there, except for the one run whose script used another (the DGX-2 FP32 50E run of git
-history). tests/test_published_runs.py checks the table against docs/reference and that no config or module
-types in a number it holds.
+history). A row of precision `qat` is a QAT result (recipe=qat_<model> on a trained network; `epochs` the QAT
+epochs): NVIDIA published no time or throughput for those. tests/test_published_runs.py checks the table against
+docs/reference and that no config or module types in a number it holds.
 """
 
 from __future__ import annotations
@@ -147,6 +148,22 @@ def markdown(framework: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+QAT = "qat"  # the precision column of NVIDIA's QAT results
+
+
+def qat_markdown() -> str:
+    """NVIDIA's PyTorch QAT results by the recipe that fine-tunes as NVIDIA's quant scripts (docs/recipes.md holds
+    this text too)."""
+    lines = [
+        "| recipe | GPUs | QAT epochs | QAT top-1 % | NVIDIA's source |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for run in sorted((r for r in runs() if r.precision == QAT), key=lambda r: r.model):
+        lines.append(f"| `qat_{run.model}` | {run.gpus} | {run.epochs} | {run.top1} | {run.source} |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     for name, title in FRAMEWORKS.items():
         print(f"{title}:\n\n{markdown(name)}")
+    print(f"NVIDIA PyTorch QAT:\n\n{qat_markdown()}")
