@@ -253,17 +253,33 @@ NOT_KEYS = {
 }
 
 
+def _flat_keys(tree: object, prefix: str = "") -> dict[str, None]:
+    """The dotted keys of a YAML file's mappings, leaves and the mappings above them."""
+    if not isinstance(tree, dict):
+        return {}
+    keys: dict[str, None] = {}
+    for name, value in tree.items():
+        keys[prefix + str(name)] = None
+        keys.update(_flat_keys(value, f"{prefix}{name}."))
+    return keys
+
+
 def _key_tables() -> list[dict]:
-    """Every key a command's config may hold: check_config's tables (the shipped configs' keys are all in them:
-    tests/test_config_checks.py) and the export config's own keys, whose calibration.* and data.* rows are open."""
-    from omegaconf import OmegaConf
+    """Every key a command's config may hold: check_config's tables, the keys of every shipped option of the
+    config groups (conf/GROUP/*.yaml, which tests/test_config_checks.py keeps inside the tables) and the other
+    commands' entry configs (classify, export)."""
+    import yaml
 
     from imgcls.config import checks
 
-    export = {key: None for key, _ in checks.leaves(OmegaConf.load(SRC / "imgcls/conf/export.yaml"))}
-    closed_export = {key: rule for key, rule in checks.EXPORT.items() if "*" not in key}
-    return [checks._key_table(checks.TRAIN), checks.SET_BY_IMGCLS, checks.EVALUATE, checks.CLASSIFY, closed_export,
-            export]  # fmt: skip
+    conf = SRC / "imgcls/conf"
+    entries = [_flat_keys(yaml.safe_load((conf / f"{name}.yaml").read_text())) for name in ("classify", "export")]
+    options = [
+        _flat_keys(yaml.safe_load(option.read_text()) or {}, f"{group}.")
+        for group in GROUPS
+        for option in sorted((conf / group).glob("*.yaml"))
+    ]
+    return [checks._key_table(checks.TRAIN), checks.SET_BY_IMGCLS, checks.EVALUATE, *entries, *options]
 
 
 def stale_keys(text: str, tables: list[dict]) -> list[str]:
