@@ -234,7 +234,7 @@ PRECISION: dict[str, Check] = {
 HARDWARE: dict[str, Check] = {
     "hardware.name": anything,
     "hardware.accelerator": anything,
-    "hardware.devices": anything,  # an int, "auto" or a device list: runtime.world_size_of checks it
+    "hardware.devices": anything,  # an int, "auto" or a device list: run/plan.py world_size_of checks it
     "hardware.num_workers": COUNT,
     "hardware.prefetch_factor": POSITIVE_OR_NULL,
     "hardware.pin_memory": boolean,
