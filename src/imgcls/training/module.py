@@ -86,18 +86,17 @@ class ClassificationModule(L.LightningModule):
         top5 = min(5, num_classes)
         self.val_metrics = nn.ModuleDict()
         for prefix in ("val", "val_ema") if self.ema else ("val",):
-            self.val_metrics[prefix] = nn.ModuleDict(
-                {
-                    "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-                    "top5": MulticlassAccuracy(num_classes, top_k=top5, average="micro"),
-                    # Each sample's loss at weight 1: MeanMetric made a device tensor of a host weight and, unless
-                    # nan_strategy="disable", checked the values for NaN with .any(): 3 host syncs a batch. A NaN or
-                    # Inf loss is then in val.loss, not dropped from it with a warning.
-                    "loss": MeanMetric(nan_strategy="disable"),
-                }
-            )
+            metrics: dict[str, Metric] = {
+                "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                "top5": MulticlassAccuracy(num_classes, top_k=top5, average="micro"),
+                # Each sample's loss at weight 1: MeanMetric made a device tensor of a host weight and, unless
+                # nan_strategy="disable", checked the values for NaN with .any(): 3 host syncs a batch. A NaN or
+                # Inf loss is then in val.loss, not dropped from it with a warning.
+                "loss": MeanMetric(nan_strategy="disable"),
+            }
             if self.val_smoothed_criterion is not None:
-                self.val_metrics[prefix]["loss_smoothed"] = MeanMetric(nan_strategy="disable")
+                metrics["loss_smoothed"] = MeanMetric(nan_strategy="disable")
+            self.val_metrics[prefix] = nn.ModuleDict(metrics)
 
     def compile_network(self) -> None:
         """`compile=true` for training and its benchmark alike: torch.compile in place (nn.Module.compile), so
