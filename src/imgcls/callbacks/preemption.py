@@ -11,6 +11,14 @@ training batch under DDP (a host sync per micro-batch), it stops only at the end
 process, and its SLURM SIGUSR1 handler saves inside the signal handler (collectives at an arbitrary point of
 another rank's step can hang). Host syncs stay out of the per-step path: under DDP the flags are all-reduced every
 SYNC_EVERY_N_STEPS optimizer steps without waiting, and each such result is read a period later (DeferredRead).
+
+Ctrl-C (SIGINT) is a preemption signal too, for the same run (`_handle_interrupt`): the first one saves last.ckpt at
+the next optimizer-step boundary, names the step and the command that resumes it, and exits with 130; a second
+one stops at once, without saving. Lightning's own answer to Ctrl-C (a KeyboardInterrupt caught around fit:
+"Detected KeyboardInterrupt, attempting graceful shutdown", exit 1, nothing saved) never sees one: Python's
+KeyboardInterrupt is not raised while imgcls's handler is in place. A terminal sends Ctrl-C to its whole
+foreground process group: every DDP rank that Lightning's launcher started agrees on the step as for SIGTERM, and
+the DataLoader's forked workers, which inherit the handler, leave the signal to the process that owns the run.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from imgcls.callbacks.epoch_log import resume_command, run_overrides
 from imgcls.distributed import SYNC_EVERY_N_STEPS, DeferredRead, gather_objects, is_rank_zero
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,7 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _received: list[int] = []  # the signals received since preemption_signals() was entered (handlers only append)
 _in_training_loop: list[bool] = [False]  # set by Preemption between on_train_start and on_train_end
 _launchers: list[Any] = []  # Lightning's launcher of this run: its child ranks get a signal that stops us early
+_owner: list[int] = [0]  # the pid that entered preemption_signals(); processes forked from it leave signals to it
 
 
 def received_signal() -> int | None:
@@ -100,18 +110,47 @@ def received_signal() -> int | None:
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
+    if os.getpid() != _owner[0]:
+        return  # a forked DataLoader worker: the run's process saves and stops, then ends its workers
     _received.append(signum)
     if _in_training_loop[0]:
         return  # only a flag: Preemption saves at the next optimizer-step boundary, the same on every rank
     # Before training (setup, the DALI build) or after it (teardown) there is no step to save: stop now, without
     # any collective; a SLURM job is requeued first, to resume from the checkpoint it already has.
-    for launcher in _launchers:  # Lightning's SIGTERM handler did this too: ranks >= 1 would wait for rank 0
-        if hasattr(launcher, "kill"):
-            launcher.kill(signum)
+    _stop_launched_ranks(signum)
     requeue = requeue_by() if signum in REQUEUE_SIGNALS else None
     if requeue == "slurm" and is_rank_zero():
         requeue_slurm_job()
     raise Preempted(signum, submitit_local_requeue_code() if requeue == "submitit_local" else None)
+
+
+def _stop_launched_ranks(signum: int) -> None:
+    for launcher in _launchers:  # Lightning's SIGTERM handler did this too: ranks >= 1 would wait for rank 0
+        if hasattr(launcher, "kill"):
+            launcher.kill(signum)
+
+
+def _say(text: str) -> None:
+    """A line on stderr from inside a signal handler: os.write, as the handler may run in the middle of a write
+    to sys.stderr's buffer (a second write there raises "reentrant call")."""
+    if is_rank_zero():
+        os.write(2, f"\n{text}\n".encode())
+
+
+def _handle_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C: the first one during training is a preemption signal (saved at the next step boundary); a second
+    one, or one before or after training, stops now. A third finds the default action and ends the process."""
+    if os.getpid() != _owner[0]:
+        return  # a forked DataLoader worker (a terminal's Ctrl-C reaches its whole process group)
+    if _in_training_loop[0] and signum not in _received:
+        _received.append(signum)
+        _say("Ctrl-C: saving last.ckpt at the next step, then exiting (Ctrl-C again: stop now, without saving)")
+        return
+    _received.append(signum)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _say("Ctrl-C again: stopping now, without saving" if _in_training_loop[0] else "Ctrl-C: stopping")
+    _stop_launched_ranks(signal.SIGKILL if _in_training_loop[0] else signum)  # as Lightning ends them on Ctrl-C
+    raise Preempted(signum)
 
 
 def requeue_slurm_job() -> None:
@@ -133,7 +172,9 @@ def preemption_signals() -> Iterator[None]:
     _received.clear()
     _launchers.clear()
     _in_training_loop[0] = False
+    _owner[0] = os.getpid()
     previous = {signum: signal.signal(signum, _handle) for signum in PREEMPTION_SIGNALS}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, _handle_interrupt)
     try:
         yield
     finally:
@@ -169,9 +210,14 @@ class Preemption(L.Callback):
     is no step to save: the handler (`_handle`) stops the process at once."""
 
     def __init__(
-        self, last_path: str | Path, requeue: str | None = None, every_n_steps: int = SYNC_EVERY_N_STEPS
+        self,
+        last_path: str | Path,
+        requeue: str | None = None,
+        every_n_steps: int = SYNC_EVERY_N_STEPS,
+        run_dir: str | Path | None = None,
     ) -> None:
         self.last_path = Path(last_path)
+        self.run_dir = None if run_dir is None else Path(run_dir)  # for the resume command printed after a save
         self.requeue = requeue
         self.every_n_steps = every_n_steps
         self._step = -1
@@ -216,11 +262,14 @@ class Preemption(L.Callback):
         # Ranks that did not receive the signal themselves agree on what to do from the one that did.
         signum = max(gather_objects(received_signal() or 0)) or signal.SIGTERM
         log.warning("received signal %d: saving %s at step %d and exiting", signum, self.last_path, trainer.global_step)
-        trainer.save_checkpoint(self.last_path)
+        trainer.save_checkpoint(self.last_path, weights_only=False)  # (None: Lightning logs that it chose this)
         if self.requeue is not None and signum in REQUEUE_SIGNALS:
             self._requeue(trainer)
             if self.requeue == "submitit_local":
                 raise Preempted(signum, submitit_local_requeue_code())
+        elif trainer.is_global_zero and self.run_dir is not None:
+            log.warning("saved step %d; resume: %s", trainer.global_step, resume_command(self.run_dir,
+                        run_overrides(self.run_dir)))  # fmt: skip
         raise Preempted(signum)
 
     def _requeue(self, trainer: L.Trainer) -> None:

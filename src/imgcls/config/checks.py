@@ -365,6 +365,7 @@ CALLBACKS: dict[str, Check] = {
     "callbacks.early_stopping_patience": POSITIVE_OR_NULL,
     "callbacks.progress_bar": or_null(choice(*PROGRESS_BARS)),
     "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
+    "callbacks.log_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.charts": boolean,
 }
 TRAINER: dict[str, Check] = {  # closed: every lightning.Trainer argument imgcls does not set (test_trainer_args.py)

@@ -26,6 +26,10 @@ QUIET_WARNINGS = (
     # advice to lower it "to see logs for the training epoch" is wrong here (a PossibleUserWarning: UserWarning).
     (r"The number of training batches \(\d+\) is smaller than the logging interval", UserWarning,
      r"lightning\.pytorch\.loops\.fit_loop"),
+    # Every resume (ckpt_path=last, a requeue) saves into the run's checkpoints/ again, which is the point: imgcls's
+    # checkpoint policy owns that folder (training/checkpoint.py; run/rundir.py refuses files it did not write).
+    (r"Checkpoint directory .* exists and is not empty\.", UserWarning,
+     r"lightning\.pytorch\.callbacks\.model_checkpoint"),
 )  # fmt: skip
 
 
