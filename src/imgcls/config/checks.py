@@ -367,6 +367,7 @@ CALLBACKS: dict[str, Check] = {
     "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.log_every_n_steps": POSITIVE_OR_NULL,
     "callbacks.charts": boolean,
+    "callbacks.count_host_syncs": boolean,
 }
 TRAINER: dict[str, Check] = {  # closed: every lightning.Trainer argument imgcls does not set (test_trainer_args.py)
     "trainer.accelerator": anything,
