@@ -1,13 +1,17 @@
-"""Every sub-policy of AutoAugment v0 on both backends against NVIDIA TF2's own ops.
+"""Every sub-policy of AutoAugment v0 on both backends against NVIDIA's own ops, TF2's and PyTorch's.
 
 TF2/dataloader/augment.py (DeepLearningExamples 729963dd) is rewritten below in numpy, op by op, with its
-magnitude rules (:587-621, :684-711) and v0's list (:863-889). Each of the 25 sub-policies runs on one photo with
-every op's probability forced to 1 (ops TF gives probability 0 stay off, as in TF) on the torchvision backend
-(timm's ops as imgcls configures them) and on DALI (the policy pipelines.py runs), and must land within a few
-grey levels of the reference with one of the random signs TF draws (Rotate, Shear, Translate). A wrong magnitude,
-a wrong op or another policy (timm's v0r posterizes to 4 bits where TF keeps 0) fails.
+magnitude rules (:587-621, :684-711) and v0's list (:863-889), as TensorFlow executes it: the shift kernels clamp
+Posterize's shift to 7, and Solarize's threshold 256 becomes the uint8 0 (test_autoaugment_ops.py holds
+TensorFlow's outputs at those levels). PyTorch/.../image_classification/autoaugment.py's ops (PIL, its own level
+tables :72-87) are written out with PIL below. Each of the 25 sub-policies runs on one photo with every op's
+probability forced to 1 (ops NVIDIA gives probability 0 stay off, as there) on the torchvision backend (timm's ops
+as imgcls configures them) and on DALI (the policy pipelines.py runs), for the TF recipes (data.autoaugment_ops=tf2)
+and the PyTorch ones (pytorch), and must land within a few grey levels of the reference with one of the random
+signs NVIDIA draws (Rotate, Shear, Translate); the torchvision backend with the PyTorch ops, PIL on both sides,
+exactly. A wrong magnitude, a wrong op or another policy (timm's v0r posterizes to 4 bits where TF keeps 1) fails.
 
-Left out of the reference on purpose: Keras' `transform` fills with reflected pixels (its default
+Left out of the TF reference on purpose: Keras' `transform` fills with reflected pixels (its default
 fill_mode='reflect', which TF2's wrap/unwrap never sees); the reference fills with TF2's intended grey 128, as both
 backends do (docs/fidelity.md, "AutoAugment fill").
 """
@@ -20,7 +24,7 @@ import random
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageEnhance, ImageOps
 
 from tests.conftest import compose_config, sample_photos
 
@@ -129,6 +133,19 @@ def _rotate(image: np.ndarray, degrees: float) -> np.ndarray:
     return _transform(image, [cos, -sin, x_offset, sin, cos, y_offset])
 
 
+def tf_posterize(image: np.ndarray, level: int) -> np.ndarray:
+    """augment.py:374-377 with bits = _mult_to_arg(level, 4) (:688): shifts right, then left, by 8 - bits, which
+    TensorFlow's kernels clamp into [0, 7] (tensorflow/core/kernels/cwise_ops.h right_shift_op, left_shift_op)."""
+    shift = min(8 - int(level / 10 * 4), 7)
+    return ((image.astype(np.int64) >> shift) << shift).astype(np.uint8)
+
+
+def tf_solarize(image: np.ndarray, level: int) -> np.ndarray:
+    """augment.py:326-330 with threshold _mult_to_arg(level, 256) (:689), which `image < threshold` converts to the
+    image's uint8: 256 wraps to 0."""
+    return np.where(image < int(level / 10 * 256) % 256, image, 255 - image)
+
+
 def tf_op(image: np.ndarray, name: str, level: int, sign: int) -> np.ndarray:
     """One op of TF2's AutoAugment at `level`, with sign +1/-1 for the randomly negated ones."""
     if name == "Equalize":
@@ -138,10 +155,9 @@ def tf_op(image: np.ndarray, name: str, level: int, sign: int) -> np.ndarray:
     if name == "Invert":
         return 255 - image
     if name == "Posterize":
-        shift = 8 - int(level / 10 * 4)  # _mult_to_arg(level, 4)
-        return ((image.astype(np.int64) >> shift) << shift).astype(np.uint8)
+        return tf_posterize(image, level)
     if name == "Solarize":
-        return np.where(image < int(level / 10 * 256), image, 255 - image)
+        return tf_solarize(image, level)
     if name == "SolarizeAdd":
         added = np.clip(image.astype(np.int64) + int(level / 10 * 110), 0, 255).astype(np.uint8)
         return np.where(image < 128, added, image)
@@ -158,27 +174,83 @@ def tf_op(image: np.ndarray, name: str, level: int, sign: int) -> np.ndarray:
     raise AssertionError(name)
 
 
-def references(image: np.ndarray, sub_policy: list[tuple[str, float, int]]) -> list[np.ndarray]:
-    """The sub-policy's output with every op applied (TF's probability-0 ops left off), one per sign draw."""
-    ops = [(name, level) for name, prob, level in sub_policy if prob > 0]
-    signed = [name in SIGNED for name, _ in ops]
+# --- NVIDIA PyTorch's ops (PYT/image_classification/autoaugment.py): PIL in, PIL out ----------------------------
+GREY = (FILL, FILL, FILL)  # :70 fillcolor
+
+
+def pyt_level(name: str, level: int) -> float:
+    """The value of `level` in the op's table (:72-87), np.linspace(low, high, 11)[level]."""
+    low, high = {
+        "ShearX": (0, 0.3), "ShearY": (0, 0.3), "TranslateY": (0, 250), "Rotate": (0, 30), "Color": (0.1, 1.9),
+        "Posterize": (0, 4), "Solarize": (0, 256), "SolarizeAdd": (0, 110),
+    }[name]  # fmt: skip
+    value = float(np.linspace(low, high, 11)[level])
+    return float(np.round(value)) if name == "Posterize" else value  # :78 rounds the bits
+
+
+def pyt_table(image: Image.Image, table: list[int]) -> Image.Image:
+    return image.point(table * len(image.getbands()))
+
+
+def pyt_op(image: Image.Image, name: str, level: int, sign: int) -> Image.Image:
+    """One op of NVIDIA PyTorch's AutoAugment at `level` (:89-130), sign +1/-1 for random.choice([-1, 1])."""
+    plain = {"Equalize": ImageOps.equalize, "AutoContrast": ImageOps.autocontrast, "Invert": ImageOps.invert}
+    if name in plain:
+        return plain[name](image)
+    m = pyt_level(name, level)
+    if name == "ShearX":
+        return image.transform(image.size, Image.AFFINE, (1, m * sign, 0, 0, 1, 0), Image.BICUBIC, fillcolor=GREY)
+    if name == "ShearY":
+        return image.transform(image.size, Image.AFFINE, (1, 0, 0, m * sign, 1, 0), Image.BICUBIC, fillcolor=GREY)
+    if name == "TranslateY":
+        return image.transform(image.size, Image.AFFINE, (1, 0, 0, 0, 1, m * sign), fillcolor=GREY)
+    if name == "Rotate":
+        rotated = image.convert("RGBA").rotate(m * sign)
+        return Image.composite(rotated, Image.new("RGBA", rotated.size, (FILL,) * 4), rotated).convert(image.mode)
+    if name == "Color":
+        return ImageEnhance.Color(image).enhance(m)
+    if name == "Posterize":  # ImageOps.posterize's table, which 0 bits makes all 0 (the Pillow here refuses 0)
+        return pyt_table(image, [i & ~(2 ** (8 - int(m)) - 1) for i in range(256)])
+    if name == "Solarize":  # ImageOps.solarize: pixels below the unrounded threshold stay
+        return pyt_table(image, [i if i < m else 255 - i for i in range(256)])
+    if name == "SolarizeAdd":  # :94-104, threshold 128
+        return pyt_table(image, [min(255, int(i + m)) if i < 128 else i for i in range(256)])
+    raise AssertionError(name)
+
+
+def _pyt_op_array(image: np.ndarray, name: str, level: int, sign: int) -> np.ndarray:
+    return np.asarray(pyt_op(Image.fromarray(image), name, level, sign))
+
+
+OPS_REFERENCE = {"tf2": tf_op, "pytorch": _pyt_op_array}
+
+
+def references(image: np.ndarray, sub_policy: list[tuple[str, float, int]], ops: str = "tf2") -> list[np.ndarray]:
+    """The sub-policy's output with every op applied (probability-0 ops left off), one per sign draw, with the ops
+    of NVIDIA's TF2 (`ops`=tf2) or PyTorch code."""
+    ops_fn = OPS_REFERENCE[ops]
+    applied = [(name, level) for name, prob, level in sub_policy if prob > 0]
+    signed = [name in SIGNED for name, _ in applied]
     outs = []
     for signs in itertools.product((1, -1), repeat=sum(signed)):
         draw = iter(signs)
         out = image
-        for (name, level), is_signed in zip(ops, signed):
-            out = tf_op(out, name, level, next(draw) if is_signed else 1)
+        for (name, level), is_signed in zip(applied, signed):
+            out = ops_fn(out, name, level, next(draw) if is_signed else 1)
         outs.append(out)
     return outs
 
 
 # Mean |difference| allowed (grey levels). Geometric ops: a half-pixel difference in the rotation centre or the
 # rounding of the sampled position moves some nearest pixels by one. DALI's Equalize (OpenCV's table) and Color
-# (saturation) are a few levels from TF's. Measured worst: torchvision 1.83 (ShearX 9 + Rotate 8; 7.27 with
-# timm's bilinear warps before), DALI 5.02 (Color 9 + Equalize). Every sub-policy but a few near-identities moves
+# (saturation) are a few levels from TF's and PIL's, and DALI shears linearly where NVIDIA PyTorch's PIL is bicubic.
+# Measured worst: torchvision 1.83 with TF2's ops (ShearX 9 + Rotate 8; 7.27 with timm's bilinear warps), 0 with
+# PyTorch's (PIL against PIL); DALI 5.02 (Color 9 + Equalize). Every sub-policy but a few near-identities moves
 # the photo by more than 3 x TOLERANCE (test_reference_tells_the_policies_apart).
-TORCHVISION_TOLERANCE = 2.5
+TORCHVISION_TOLERANCE = {"tf2": 2.5, "pytorch": 0.0}
 TOLERANCE = 6.0
+# A recipe of each: the TF2 EfficientNet runs TF2's ops, NVIDIA PyTorch's EfficientNet its autoaugment.py's
+EXPERIMENT = {"tf2": "tf2_efficientnet_b0_8xa100_amp", "pytorch": "efficientnet_b0_dgx1v_amp_400e"}
 
 
 @pytest.fixture(scope="module")
@@ -192,52 +264,60 @@ def _distance(out: np.ndarray, refs: list[np.ndarray]) -> float:
     return min(float(np.abs(out.astype(np.int64) - ref.astype(np.int64)).mean()) for ref in refs)
 
 
-def _timm_policy() -> list:
+def _timm_policy(ops: str) -> list:
     from timm.data.auto_augment import AutoAugment
 
     from imgcls.data.transforms import train_transform
 
-    data = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp", "data.backend=torchvision"]).data
+    data = compose_config([f"experiment={EXPERIMENT[ops]}", "data.backend=torchvision"]).data
+    assert data.autoaugment_ops == ops
     (autoaugment,) = [t for t in train_transform(data).transforms if isinstance(t, AutoAugment)]
     return autoaugment.policy
 
 
 def test_reference_tells_the_policies_apart(photo: np.ndarray) -> None:
     """The tolerance is far below what a wrong op or magnitude changes: every sub-policy moves the photo by more
-    than it (except the few that are nearly the identity at their levels), and v0r's Posterize differs."""
-    moved = [_distance(photo, references(photo, sub)) for sub in TF2_V0]
-    assert sum(m > 3 * TOLERANCE for m in moved) >= 20, moved
-    zero_bits = references(photo, [("Posterize", 0.8, 2)])[0]
-    assert not zero_bits.any()  # TF keeps int(0.8) = 0 bits: black
+    than it (except the few that are nearly the identity at their levels), and the edge levels differ."""
+    for ops in OPS_REFERENCE:
+        moved = [_distance(photo, references(photo, sub, ops)) for sub in TF2_V0]
+        assert sum(m > 3 * TOLERANCE for m in moved) >= 20, (ops, moved)
+        # Posterize at level 2 keeps the top bit in both: TF's 0 bits shifted by the clamped 7, PyTorch's round(0.8)
+        (top_bit,) = references(photo, [("Posterize", 0.8, 2)], ops)
+        assert np.array_equal(top_bit, photo & 0x80), ops
+    # Solarize at level 10: TF inverts every pixel (256 as uint8 is 0), NVIDIA PyTorch's PIL none (all below 256)
+    assert np.array_equal(references(photo, [("Solarize", 0.6, 10)], "tf2")[0], 255 - photo)
+    assert np.array_equal(references(photo, [("Solarize", 0.6, 10)], "pytorch")[0], photo)
 
 
-def test_every_v0_sub_policy_on_torchvision_matches_tf2(photo: np.ndarray) -> None:
-    policy = _timm_policy()
+@pytest.mark.parametrize("ops", ["tf2", "pytorch"])
+def test_every_v0_sub_policy_on_torchvision_matches_nvidias(photo: np.ndarray, ops: str) -> None:
+    policy = _timm_policy(ops)
     assert len(policy) == len(TF2_V0)
     worst = []
-    for sub, tf_sub in zip(policy, TF2_V0):
-        refs = references(photo, tf_sub)
+    for sub, nvidia_sub in zip(policy, TF2_V0):
+        refs = references(photo, nvidia_sub, ops)
         for seed in range(6):  # both signs of the negated ops
             random.seed(seed)
             out = Image.fromarray(photo)
-            for op, (_, tf_prob, _) in zip(sub, tf_sub):
-                if tf_prob > 0:
+            for op, (_, nvidia_prob, _) in zip(sub, nvidia_sub):
+                if nvidia_prob > 0:
                     op.prob = 1.0
                     out = op(out)
-            worst.append((_distance(np.asarray(out), refs), tf_sub))
-    assert max(worst)[0] < TORCHVISION_TOLERANCE, max(worst)
+            worst.append((_distance(np.asarray(out), refs), nvidia_sub))
+    assert max(worst)[0] <= TORCHVISION_TOLERANCE[ops], max(worst)
 
 
-def test_every_v0_sub_policy_on_dali_matches_tf2(photo: np.ndarray) -> None:
-    """The policy DALI's train pipeline runs (tf_autoaugment.tf_v0_policy), one sub-policy at a time."""
+@pytest.mark.parametrize("ops", ["tf2", "pytorch"])
+def test_every_v0_sub_policy_on_dali_matches_nvidias(photo: np.ndarray, ops: str) -> None:
+    """The policy DALI's train pipeline runs (tf_autoaugment.v0_policy), one sub-policy at a time."""
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.auto_aug.core import Policy
 
     from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
-    from imgcls.data.dali.tf_autoaugment import tf_auto_augment, tf_v0_policy
+    from imgcls.data.dali.tf_autoaugment import nvidia_auto_augment, v0_policy
 
-    policy = tf_v0_policy(max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS)
+    policy = v0_policy(max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS, ops=ops)
     assert len(policy.sub_policies) == len(TF2_V0)
     singles = [
         Policy(
@@ -251,13 +331,13 @@ def test_every_v0_sub_policy_on_dali_matches_tf2(photo: np.ndarray) -> None:
     @pipeline_def(enable_conditionals=True, batch_size=6, num_threads=1, device_id=None, seed=0)
     def pipe():
         images = fn.external_source(source=lambda: [photo] * 6, layout="HWC", dtype=types.UINT8)
-        return tuple(tf_auto_augment(images, single) for single in singles)
+        return tuple(nvidia_auto_augment(images, single) for single in singles)
 
     dali = pipe()
     dali.build()
     outputs = dali.run()
     worst = []
-    for out, tf_sub in zip(outputs, TF2_V0):
-        refs = references(photo, tf_sub)
-        worst += [(_distance(np.asarray(sample), refs), tf_sub) for sample in out]
+    for out, nvidia_sub in zip(outputs, TF2_V0):
+        refs = references(photo, nvidia_sub, ops)
+        worst += [(_distance(np.asarray(sample), refs), nvidia_sub) for sample in out]
     assert max(worst)[0] < TOLERANCE, max(worst)

@@ -310,6 +310,7 @@ MIRRORS = {
     "interpolation": "recipe.interpolation",
     "augment": "recipe.augment",
     "autoaugment_policy": "recipe.autoaugment_policy",
+    "autoaugment_ops": "recipe.autoaugment_ops",
     "randaugment": "recipe.randaugment",
     "progressive.enabled": "recipe.stagewise",
     "progressive.start_size": "recipe.base_image_size",

@@ -512,22 +512,26 @@ def test_auto_augment_policies_run_on_cpu(folder: Path, augment: str) -> None:
     assert images.shape == (8, 3, 32, 32) and torch.isfinite(images).all() and labels.dtype == torch.int64
 
 
-def test_dali_auto_augment_translates_in_pixels_as_nvidia(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("ops", ["pytorch", "tf2"])
+def test_dali_auto_augment_translates_in_pixels_as_nvidia(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, ops: str
+) -> None:
     """DALI's image_net policy is NVIDIA's v0; NVIDIA translates by up to 250 px (PYT IC/autoaugment.py:75, TF2
-    dataloader/augment.py:757, DeepLearningExamples 729963dd). Given `shape`, DALI would shift up to the image."""
+    dataloader/augment.py:757, DeepLearningExamples 729963dd). Given `shape`, DALI would shift up to the image. The
+    policy takes the ops of data.autoaugment_ops (tf_autoaugment.py)."""
     from imgcls.data.dali import pipelines
 
     seen: list[dict] = []
-    real = pipelines.tf_v0_policy
+    real = pipelines.v0_policy
 
     def spy(**kwargs):
         seen.append(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr(pipelines, "tf_v0_policy", spy)
-    cfg = data_cfg(folder, "recipe.augment=autoaugment", "data.hflip=0")
+    monkeypatch.setattr(pipelines, "v0_policy", spy)
+    cfg = data_cfg(folder, "recipe.augment=autoaugment", "data.hflip=0", f"data.autoaugment_ops={ops}")
     images, _ = next(iter(make_backend(cfg).loader(LoaderSpec("train", 8))))
-    assert seen and all(k == {"max_translate_abs": 250} for k in seen)  # absolute pixels, not `shape`
+    assert seen and all(k == {"max_translate_abs": 250, "ops": ops} for k in seen)  # absolute pixels, not `shape`
     assert torch.isfinite(images).all()
 
 

@@ -39,6 +39,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from imgcls.config.choices import (
     AUGMENTS,
+    AUTOAUGMENT_OPS,
     AUTOAUGMENT_POLICIES,
     BAD_IMAGE_POLICIES,
     CALIBRATORS,
@@ -269,6 +270,7 @@ RECIPE: dict[str, Check] = {
     "recipe.mixup_mode": choice(*MIXUP_MODES),  # timm Mixup mode: one lambda per batch / pair / sample
     "recipe.augment": or_null(choice(*AUGMENTS)),
     "recipe.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),  # timm's name; DALI runs v0 only
+    "recipe.autoaugment_ops": choice(*AUTOAUGMENT_OPS),  # NVIDIA PyTorch's or TF2's Posterize, Solarize, Shear
     "recipe.interpolation": anything,
     "recipe.train_crop": choice("random_resized", "tf"),  # data.train_crop (data/tf_crop.py)
     "recipe.train_crop_object_boxes": boolean,
@@ -319,6 +321,7 @@ DATA: dict[str, Check] = {
     "data.interpolation": anything,
     "data.augment": RECIPE["recipe.augment"],
     "data.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),
+    "data.autoaugment_ops": RECIPE["recipe.autoaugment_ops"],
     "data.randaugment": anything,
     "data.mean": numbers(3, 0, 1),
     "data.std": numbers(3, 0, open_low=True),

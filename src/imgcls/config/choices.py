@@ -20,6 +20,9 @@ WEIGHT_DECAY_SETS = ("conv_and_linear_weights", "all_but_norm", "all_but_norm_an
 # timm AutoAugment policies (recipe.autoaugment_policy). v0 is the list of NVIDIA's PyTorch IC/autoaugment.py,
 # TF2 dataloader/augment.py policy_v0 and DALI's image_net policy; original is the AutoAugment paper's table.
 AUTOAUGMENT_POLICIES = ("v0", "v0r", "original", "originalr")
+# Whose AutoAugment ops run the policy (recipe.autoaugment_ops, data/augment.py, data/dali/tf_autoaugment.py): NVIDIA
+# PyTorch's image_classification/autoaugment.py (PIL), or NVIDIA TF2's dataloader/augment.py as TensorFlow runs it.
+AUTOAUGMENT_OPS = ("pytorch", "tf2")
 # model.drop_path_mask (models/stochastic_depth.py): timm's per-sample DropPath (TF2), or NVIDIA PyTorch's one mask
 # per batch.
 DROP_PATH_MASKS = ("sample", "batch")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from PIL import Image, ImageOps
+import numpy as np
+from PIL import Image
 
+from imgcls.config.choices import AUTOAUGMENT_OPS
 from imgcls.errors import ConfigError
 
 # NVIDIA's AutoAugment translates by up to 250 px whatever the image size (PYT IC/autoaugment.py:75
@@ -28,23 +30,79 @@ def augment_policy(cfg: Any) -> str | None:
     return str(policy)
 
 
-def posterize_keeping(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
-    """TF's posterize (TF2 dataloader/augment.py:374-377: shift right, then left, by 8 - bits): 0 bits kept is a
-    black image. v0's ('Posterize', 0.8, 2) keeps int(2 / 10 x 4) = 0 bits (augment.py:620-621, 688); timm hands
-    that to PIL, which refuses bits below 1 (ValueError: the training run died on it)."""
-    if bits_to_keep >= 8:
-        return img
-    if bits_to_keep <= 0:
-        return img.point([0] * 256 * len(img.getbands()))
-    return ImageOps.posterize(img, int(bits_to_keep))
+def _lut(img: Image.Image, table: list[int]) -> Image.Image:
+    return img.point(table * len(img.getbands()))
 
 
-def with_tf_posterize(autoaugment: Any) -> Any:
-    """timm's AutoAugment with every Posterize op running posterize_keeping."""
+def tf2_posterize_bits(level: float, _hparams: Any = None) -> tuple[int]:
+    """TF2 augment.py:620-621, 688 `_mult_to_arg(level, 4)`: int(level / 10 x 4) bits (v0's level 2: 0)."""
+    return (int(level / 10 * 4),)
+
+
+def tf2_posterize(img: Image.Image, bits: int, **_: Any) -> Image.Image:
+    """TF2 augment.py:374-377: `left_shift(right_shift(image, 8 - bits), 8 - bits)` on uint8. TensorFlow's shift
+    kernels clamp the shift into [0, 7] (tensorflow/core/kernels/cwise_ops.h, `left_shift_op` / `right_shift_op`,
+    "Avoids UB: don't shift by larger than the bitwidth of T"), so 0 bits shifts by 7 and keeps the top bit:
+    [0, 1, 100, 127, 128, 200, 255] -> [0, 0, 0, 0, 128, 128, 128], not a black image."""
+    shift = min(max(8 - int(bits), 0), 7)
+    return _lut(img, [(i >> shift) << shift for i in range(256)])
+
+
+def tf2_solarize_threshold(level: float, _hparams: Any = None) -> tuple[int]:
+    """TF2 augment.py:689 `_mult_to_arg(level, 256)`: int(level / 10 x 256), 256 at level 10."""
+    return (int(level / 10 * 256),)
+
+
+def tf2_solarize(img: Image.Image, threshold: int, **_: Any) -> Image.Image:
+    """TF2 augment.py:326-330 `tf.where(image < threshold, image, 255 - image)`: the Python int threshold becomes a
+    uint8 tensor like the image, wrapping modulo 256 (in NVIDIA's tf.data graph, tensor_util.make_tensor_proto's
+    np.array(256, np.uint8) = 0 under TF 2.6's NumPy 1.x; eagerly, an int64 tensor cast to uint8). Level 10's 256
+    compares with 0: every pixel is inverted."""
+    wrapped = int(threshold) % 256
+    return _lut(img, [i if i < wrapped else 255 - i for i in range(256)])
+
+
+def pytorch_posterize_bits(level: float, _hparams: Any = None) -> tuple[int]:
+    """PYT image_classification/autoaugment.py:78 `np.round(np.linspace(0, 4, 11))[level]` (v0's level 2: 1 bit)."""
+    return (int(np.round(level / 10 * 4)),)
+
+
+def pytorch_posterize(img: Image.Image, bits: int, **_: Any) -> Image.Image:
+    """PYT autoaugment.py:121 `ImageOps.posterize(img, bits)`: PIL's table i & ~(2^(8 - bits) - 1), so 0 bits
+    (levels 0 and 1, which v0 does not use) is black, as the Pillow of NVIDIA's container ran it (the Pillow here
+    refuses 0 bits)."""
+    mask = 0xFF ^ ((1 << (8 - min(max(int(bits), 0), 8))) - 1)
+    return _lut(img, [i & mask for i in range(256)])
+
+
+def pytorch_solarize_threshold(level: float, _hparams: Any = None) -> tuple[float]:
+    """PYT autoaugment.py:79 `np.linspace(0, 256, 11)[level]`: level x 25.6, not truncated (76.8 at level 3)."""
+    return (level / 10 * 256,)
+
+
+def pytorch_solarize(img: Image.Image, threshold: float, **_: Any) -> Image.Image:
+    """PYT autoaugment.py:122 `ImageOps.solarize(img, threshold)`: pixels below the float threshold stay, so 76 stays
+    at level 3 (TF inverts it) and level 10's 256 leaves the image as it is (TF inverts all of it)."""
+    return _lut(img, [i if i < threshold else 255 - i for i in range(256)])
+
+
+def with_nvidia_ops(autoaugment: Any, ops: str) -> Any:
+    """timm's AutoAugment with Posterize, Solarize and ShearX/Y run as NVIDIA's code named by `ops` runs them
+    (AUTOAUGMENT_OPS). The other v0 ops are timm's PIL ops, which NVIDIA PyTorch's are too, at the same levels."""
+    if ops not in AUTOAUGMENT_OPS:
+        raise ValueError(f"autoaugment ops {ops!r} is not one of {AUTOAUGMENT_OPS}")
+    tf2 = ops == "tf2"
+    replacements = {
+        "Posterize": (tf2_posterize, tf2_posterize_bits) if tf2 else (pytorch_posterize, pytorch_posterize_bits),
+        "Solarize": (tf2_solarize, tf2_solarize_threshold) if tf2 else (pytorch_solarize, pytorch_solarize_threshold),
+    }
     for sub_policy in autoaugment.policy:
         for op in sub_policy:
-            if op.name == "Posterize":
-                op.aug_fn = posterize_keeping
+            if op.name in replacements:
+                op.aug_fn, op.level_fn = replacements[op.name]
+            elif op.name in ("ShearX", "ShearY") and not tf2:
+                # PYT autoaugment.py:107-112 shears with Image.BICUBIC; its Rotate and Translate keep PIL's NEAREST
+                op.kwargs = {**op.kwargs, "resample": Image.Resampling.BICUBIC}
     return autoaugment
 
 

@@ -11,7 +11,7 @@ from timm.data import create_transform
 from timm.data.auto_augment import auto_augment_transform
 from torchvision.transforms import Compose
 
-from imgcls.data.augment import augment_policy, autoaugment_hparams, with_tf_posterize
+from imgcls.data.augment import augment_policy, autoaugment_hparams, with_nvidia_ops
 from imgcls.data.tf_crop import TFDistortedCrop, crop_spec
 
 
@@ -46,10 +46,12 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
     if cfg.get("train_crop", "random_resized") == "tf":
         primary[0] = TFDistortedCrop(size, crop_spec(cfg), interpolation=str(cfg.interpolation))
     if autoaugment:
-        # Rotate, Shear and Translate sample the nearest pixel, as TF2 (augment.py:178-181) and, but for
-        # Shear's bicubic, NVIDIA PyTorch (IC/autoaugment.py:89-118); not the resize's interpolation.
+        # Rotate, Shear and Translate sample the nearest pixel, as TF2 (augment.py:178-181) and NVIDIA PyTorch's
+        # Rotate and Translate (IC/autoaugment.py:89-92, 113-118), not the resize's interpolation; NVIDIA PyTorch's
+        # Shear is bicubic (:107-112), which with_nvidia_ops sets for data.autoaugment_ops=pytorch.
         hparams = autoaugment_hparams(size, Image.Resampling.NEAREST)
-        secondary = [with_tf_posterize(auto_augment_transform(policy, hparams))]
+        ops = str(cfg.get("autoaugment_ops") or "pytorch")
+        secondary = [with_nvidia_ops(auto_augment_transform(policy, hparams), ops)]
     return Compose(primary + secondary + final)
 
 

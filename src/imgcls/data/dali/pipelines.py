@@ -36,7 +36,7 @@ from nvidia.dali.types import DALIDataType, DALIImageType, DALIInterpType
 from imgcls.data.augment import AUTOAUGMENT_TRANSLATE_PIXELS
 from imgcls.data.dali import records
 from imgcls.data.dali.settings import DaliSettings
-from imgcls.data.dali.tf_autoaugment import tf_auto_augment, tf_v0_policy
+from imgcls.data.dali.tf_autoaugment import nvidia_auto_augment, v0_policy
 from imgcls.data.image_scan import scan_bytes
 from imgcls.data.shards.tfrecord import BOX_KEYS, IMAGE_KEY, LABEL_KEY
 from imgcls.data.shards.webdataset import IMAGE_EXTENSIONS, LABEL_EXTENSION
@@ -345,10 +345,11 @@ def train_pipeline(
     augment = settings.augment
     if augment == "autoaugment":
         # DALI's image_net policy is v0 (the sub-policies of NVIDIA's PYT IC/autoaugment.py and TF2 policy_v0),
-        # here with TF's Posterize, Solarize and nearest-pixel warps (tf_autoaugment.py), as the torchvision
-        # backend (augment.py). Translations in pixels as NVIDIA's (up to 250 px); with `shape` DALI would shift
-        # up to the whole image.
-        images = tf_auto_augment(images, tf_v0_policy(max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS))
+        # here with the Posterize, Solarize and warps of data.autoaugment_ops (tf_autoaugment.py), as the
+        # torchvision backend (augment.py). Translations in pixels as NVIDIA's (up to 250 px); with `shape` DALI
+        # would shift up to the whole image.
+        policy = v0_policy(max_translate_abs=AUTOAUGMENT_TRANSLATE_PIXELS, ops=settings.autoaugment_ops)
+        images = nvidia_auto_augment(images, policy)
     elif augment == "randaugment":
         n, m = randaugment
         # timm magnitudes run 0..10, so 11 bins make DALI's bin m the same strength as timm's m.

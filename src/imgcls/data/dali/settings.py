@@ -51,6 +51,7 @@ class DaliSettings:
     hflip: float
     antialias: bool  # train resize antialias (NVIDIA: off, cheaper on CPU)
     augment: str | None
+    autoaugment_ops: str  # data.autoaugment_ops: NVIDIA's tf2 or pytorch ops (tf_autoaugment.py)
     randaugment: tuple[int, int]  # (ops, magnitude); (2, 9) unless data.augment=randaugment
     tf_crop: DistortedCrop | None  # data.train_crop=tf: TF's sample_distorted_bounding_box (data/tf_crop.py)
     object_boxes: bool
@@ -82,6 +83,7 @@ class DaliSettings:
             hflip=float(cfg.hflip),
             antialias=bool(cfg.get("dali_train_antialias")),
             augment=cfg.augment,
+            autoaugment_ops=str(cfg.get("autoaugment_ops") or "pytorch"),
             randaugment=(int(randaugment[0]), int(randaugment[1])),
             tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,
             object_boxes=uses_object_boxes(cfg),
