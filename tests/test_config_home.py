@@ -75,6 +75,7 @@ ALLOWED: dict[str, str] = {
     "export/triton.py::check_repository": "data: the written Triton repository",
     "models/factory.py::build_network": "library: model.arch is a timm architecture",
     "models/squeeze_excitation.py::se_kwargs": "library: which timm archs have SE blocks (model.arch)",
+    "cli.py::refuse_flags": "command: a `--flag value` of the command line, answered with its KEY=VALUE",
     "config/overrides.py::check_command_line": "command: the command line's overrides",
     "config/overrides.py::parse": "command: the command line's overrides",
     "config/overrides.py::check_group_choices": "command: the command line's group choices",

@@ -110,7 +110,7 @@ def test_no_ckpt_or_not_a_checkpoint_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="ckpt=PATH is required"):
         _evaluate(tmp_path)
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
-    with pytest.raises(CheckpointError, match="notes.ckpt is not a PyTorch checkpoint or weights file"):
+    with pytest.raises(CheckpointError, match="notes.ckpt is a text file, not a checkpoint"):
         _evaluate(tmp_path, f"ckpt={tmp_path / 'notes.ckpt'}")
     torch.save({"lr": 0.1}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="other.pt holds no state_dict"):

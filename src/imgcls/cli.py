@@ -14,19 +14,22 @@ from collections.abc import Callable
 from typing import Any
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from imgcls.config import overrides
-from imgcls.config.checks import EVALUATE, TRAIN, Check, check_config
+from imgcls.config.checks import CLASSIFY, EVALUATE, EXPORT, TRAIN, Check, check_config
+from imgcls.config.compose import compose_config, options
 from imgcls.config.hardware import resolve_auto_hardware
-from imgcls.errors import UserError
+from imgcls.distributed import is_rank_zero
+from imgcls.errors import ConfigError, UserError
 from imgcls.redaction import redact_overrides, secrets_to_environment
 from imgcls.run.log_setup import route_library_logs
-from imgcls.run.rundir import launch_overrides, task_name
+from imgcls.run.rundir import discard_failed_run, launch_overrides, task_name
 from imgcls.run.sweep_results import SWEEP_FAILURES  # each failed job's line and exit code (also in the results table)
 
 # Nothing above imports torch, timm or Lightning: a command that ends with a one-line error (an unknown group
@@ -40,11 +43,119 @@ def check_command_line(config_name: str, table: dict[str, Check] | None = None) 
     """sys.argv's overrides checked before Hydra runs (imgcls.config.overrides): a mistake is one line, exit code 2.
     Then the credentials typed there leave sys.argv for the environment, before Hydra, W&B or a DDP launcher
     records sys.argv (imgcls.redaction.secrets_to_environment)."""
+    show_help(config_name, sys.argv[1:])
     try:
+        refuse_flags(config_name, sys.argv[1:], table)
         overrides.check_command_line(config_name, sys.argv[1:], table)
     except UserError as exc:
         fail(str(exc), exc.exit_code)
     sys.argv[1:] = secrets_to_environment(sys.argv[1:])
+
+
+def refuse_flags(config_name: str, argv: list[str], table: dict[str, Check] | None = None) -> None:
+    """`--topk 3`, `--topk=3`, `--use-ema` (timm's and NVIDIA's argparse style) are KEY=VALUE overrides here: one
+    line with the override to type: the key of that name, of that dotted name (--data-backend: data.backend), the
+    group the value is an option of (--arch resnet50: model=resnet50) or the key whose last part the name is
+    (--epochs: recipe.epochs), else the command line's did-you-mean."""
+    hydra_flags = get_args_parser()._option_string_actions  # Hydra's own (--help, -m, --cfg, ...): Hydra's affair
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-") or arg == "-" or arg.split("=", 1)[0] in hydra_flags or _is_number(arg):
+            continue
+        name, given, value = arg.lstrip("-").split("=", 1)[0].replace("-", "_"), arg, "true"  # a switch: --use-ema
+        if "=" in arg:
+            value = arg.split("=", 1)[1]
+        elif index + 1 < len(argv) and not argv[index + 1].startswith("-") and "=" not in argv[index + 1]:
+            value = argv[index + 1]
+            given = f"{arg} {value}"
+        keys = _keys(compose_config(config_name, []))
+        named = [k for k in (name, name.replace("_", ".", 1)) if k in keys or k in COMMAND_GROUPS[config_name]]
+        named += [g for g in COMMAND_GROUPS[config_name] if value in options(g)]  # --arch resnet50: model=resnet50
+        named += [k for k in keys if k.rsplit(".", 1)[-1] == name]
+        if named:
+            instead = f"use {named[0]}={value}"
+        else:
+            try:
+                overrides.check_command_line(config_name, [f"{name}={value}"], table)
+                instead = f"use {name}={value}"
+            except UserError as exc:  # the key it likely is, or the keys there are
+                meant = str(exc).rsplit("did you mean ", 1)
+                instead = f"use {meant[1].rstrip('?')}" if len(meant) == 2 else str(exc)
+        raise ConfigError(f"{given}: options are KEY=VALUE overrides, not --flags; {instead}")
+
+
+def _keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Every key of cfg, mappings and leaves, in the config's order (nothing resolved)."""
+    found: list[str] = []
+    for name in map(str, cfg.keys()):
+        node = cfg._get_node(name)
+        found.append(prefix + name)
+        if isinstance(node, DictConfig) and not node._is_none():
+            found += _keys(node, f"{prefix}{name}.")
+    return found
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
+# The first lines of each command's --help: how to call it and its main keys (its groups and keys follow).
+USAGE: dict[str, str] = {
+    "train": """usage: python train.py [GROUP=OPTION ...] [KEY=VALUE ...]
+  python train.py experiment=demo                                  # handwritten digits on the CPU, minutes
+  python train.py model=resnet50 precision=amp data.root=DIR       # DIR/train/<class>/*.jpg and DIR/val/...
+  python train.py experiment=resnet50_dgxa100_amp_90e data.root=DIR  # one of NVIDIA's published runs
+  python train.py mode=plan experiment=resnet50_dgxa100_amp_90e    # the resolved batch, LR and steps; no data
+  python train.py hydra.run.dir=RUN ckpt_path=last                 # resume the run in RUN
+main keys: data.root, model, precision, hardware, recipe, recipe.epochs, data.batch_size, trainer.devices, seed""",
+    "evaluate": """usage: python evaluate.py ckpt=PATH data.root=DIR [KEY=VALUE ...]
+  python evaluate.py ckpt=RUN/checkpoints/best.ckpt data.root=DIR  # val top-1/top-5/loss -> RUN_DIR/eval.json
+  python evaluate.py ckpt=weights.pth model=resnet50 data.root=DIR # a timm / torchvision state_dict
+  python evaluate.py ckpt=model_int8.onnx data.root=DIR            # an ONNX export, on ONNX Runtime
+  python evaluate.py mode=benchmark ckpt=PATH batch_sizes=[1,32]   # latency and throughput
+main keys: ckpt, data.root, use_ema, precision, data.batch_size, output""",
+    "classify": """usage: python -m imgcls.classify CKPT IMAGE_OR_DIR... [KEY=VALUE ...]
+  python -m imgcls.classify RUN/checkpoints/best.ckpt a.jpg photos/  # the top-5 classes of each image
+  python -m imgcls.classify ckpt=weights.pth model=resnet50 images=[a.jpg] --json
+main keys: ckpt, images, topk, batch_size, backend (auto|torch|onnx), use_ema, json""",
+    "export": """usage: python -m imgcls.export ckpt=PATH format=weights|onnx|torchscript|int8|triton [KEY=VALUE ...]
+  python -m imgcls.export ckpt=RUN/checkpoints/best.ckpt format=onnx   # writes RUN/checkpoints/best.onnx
+  python -m imgcls.export ckpt=best.ckpt format=int8 data.root=DIR    # INT8 Q/DQ ONNX, calibrated on DIR/train
+  python -m imgcls.export ckpt=best.ckpt format=triton repo=DIR       # a Triton model repository
+main keys: ckpt, format, output, use_ema, opset, data.root, repo""",
+}
+
+
+def show_help(config_name: str, argv: list[str]) -> None:
+    """--help / -h: the command's usage, its config groups (the options a user picks: not the `_` bases) and its
+    keys with their defaults; exit 0. Hydra's own help lists every group of conf/ with its internal files."""
+    if not any(a in ("--help", "-h") for a in argv):
+        return
+    composed = compose_config(config_name, [])
+    lines = [
+        USAGE[config_name],
+        "",
+        "Arguments are KEY=VALUE overrides (no --flags); GROUP=OPTION picks a group's file.",
+    ]
+    lines += ["", "Config groups (GROUP=OPTION):"]
+    lines += [f"  {group}: {', '.join(options(group))}" for group in COMMAND_GROUPS[config_name]]
+    lines += ["", "Keys and their defaults (KEY=VALUE):"]
+    lines += ["  " + line for line in OmegaConf.to_yaml(composed, resolve=False).splitlines()]
+    lines += ["", "Hydra's own options: --hydra-help, --cfg job (the composed config), -m (a sweep over values)"]
+    print("\n".join(lines))
+    sys.exit(0)
+
+
+# The config groups of each command (train.yaml's defaults list; the others' optional `model: null`, ...).
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "train": overrides.GROUPS,
+    "evaluate": ("model", "precision"),
+    "classify": ("model",),
+    "export": ("model",),
+}
 
 
 def check_group_choices(argv: list[str]) -> None:
@@ -76,6 +187,7 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             raise
         message, code = error
         if not _in_multirun():
+            _discard_failed_run(cfg)
             fail(message, code)
         job = f"job {HydraConfig.get().job.num} ({','.join(redact_overrides(_varying_overrides()))})"
         log.error("%s failed: %s", job, message)
@@ -83,6 +195,17 @@ def guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         return None
     finally:
         _finish_wandb()
+
+
+def _discard_failed_run(cfg: DictConfig) -> None:
+    """The run dir Hydra made for a run that failed before its work (run/rundir.py discard_failed_run), on the rank
+    that writes it; nothing where the command has no run dir of its own (classify, export: the current dir)."""
+    if not HydraConfig.initialized() or not is_rank_zero() or HydraConfig.get().output_subdir is None:
+        return
+    try:
+        discard_failed_run(HydraConfig.get().runtime.output_dir, str(cfg.get("task_name")))
+    except OSError:  # the error line matters more than the tidying
+        pass
 
 
 def user_error(exc: BaseException) -> tuple[str, int] | None:
@@ -203,7 +326,7 @@ CLASSIFY_PATHS: list[str] = []
 def _classify(cfg: DictConfig) -> Any:
     route_library_logs()
     with_positional_paths(cfg, CLASSIFY_PATHS)
-    result = guarded(_function("imgcls.classify:run"), cfg)
+    result = guarded(lambda c: _checked_run("imgcls.classify:run", c, CLASSIFY), cfg)
     if result and result.get("failed"):
         sys.exit(1)  # some images could not be read; they were reported by name, the others classified
     return result
@@ -212,7 +335,13 @@ def _classify(cfg: DictConfig) -> Any:
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export(cfg: DictConfig) -> Any:
     route_library_logs()
-    return guarded(_function("imgcls.export:run"), cfg)
+    return guarded(lambda c: _checked_run("imgcls.export:run", c, EXPORT), cfg)
+
+
+def _checked_run(target: str, cfg: DictConfig, table: dict[str, Check]) -> Any:
+    """A command without modes: its keys checked as train.py's are (one line, before torch is imported), then run."""
+    check_config(cfg, table, warn=False)
+    return _function(target)(cfg)
 
 
 def train_main() -> None:
@@ -236,6 +365,11 @@ def evaluate_main() -> None:
 def classify_main() -> None:
     # `--json` as well as Hydra's json=true: the flag scripts expect.
     sys.argv = [a if a != "--json" else "json=true" for a in sys.argv]
+    show_help("classify", sys.argv[1:])
+    try:  # before the paths without a key are taken: the 3 of `--topk 3` is no image
+        refuse_flags("classify", sys.argv[1:])
+    except UserError as exc:
+        fail(str(exc), exc.exit_code)
     command_line = overrides.override_args(sys.argv[1:])
     positional = [a for a in command_line[0] if overrides.is_positional(a)] if command_line else []
     CLASSIFY_PATHS[:] = positional

@@ -46,6 +46,7 @@ from imgcls.config.choices import (
     CONV_INITS,
     DALI_TRAIN_RESIZES,
     DROP_PATH_MASKS,
+    EXPORT_FORMATS,
     HOST_RESIZE_MODES,
     IMGCLS_TRAINER_ARGS,
     LR_INTERVALS,
@@ -459,6 +460,37 @@ EVALUATE: dict[str, Check] = {
     "trainer.devices": anything,
     "trainer.enable_progress_bar": boolean,
     "run_dir": anything,
+}
+
+# `python -m imgcls.classify`: its own keys (conf/classify.yaml); model (for a plain state_dict) as for training.
+CLASSIFY: dict[str, Check] = {
+    **MODEL,
+    "task_name": anything,
+    "ckpt": anything,
+    "images": anything,  # classify names a missing file or a folder without images
+    "backend": choice("auto", "torch", "onnx"),
+    "use_ema": boolean,
+    "batch_size": POSITIVE,
+    "topk": POSITIVE,  # more than the model's classes: all of them, as timm's inference.py does
+    "json": boolean,
+}
+# `python -m imgcls.export`: its own keys (conf/export.yaml); model (for a foreign state_dict) as for training.
+EXPORT: dict[str, Check] = {
+    **MODEL,
+    "task_name": anything,
+    "ckpt": anything,
+    "format": choice(*EXPORT_FORMATS),
+    "use_ema": boolean,
+    "output": anything,
+    "opset": POSITIVE,
+    # format=int8 and format=triton check their own keys (export/int8.py, export/triton.py options)
+    "calibration.*": anything,
+    "data.*": anything,
+    "repo": anything,
+    "name": anything,
+    "max_batch": anything,
+    "trt_precision": anything,
+    "tensorrt": anything,
 }
 
 

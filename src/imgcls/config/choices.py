@@ -34,6 +34,7 @@ CALIBRATORS = ("max", "percentile")  # recipe.qat.calibrator (quantization/qat.p
 AUGMENTS = ("autoaugment", "randaugment")  # recipe.augment / data.augment (null: none): data/augment.py, DALI's
 DALI_TRAIN_RESIZES = ("auto", "torch", "dali")  # data.dali_train_resize: data/dali/host_resize.py resize_on_host
 HOST_RESIZE_MODES = ("bilinear", "bicubic", "nearest")  # the interpolations that torch resize has (host_resize.py)
+EXPORT_FORMATS = ("weights", "onnx", "torchscript", "int8", "triton")  # export's format= (imgcls.export FORMATS)
 BAD_IMAGE_POLICIES = ("skip", "error")  # data.on_bad_image: data/bad_images.py
 PROGRESS_BARS = ("rich", "tqdm", "none")  # callbacks.progress_bar (null: none): callbacks/console.py
 # timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from imgcls.config.choices import EXPORT_FORMATS
 from imgcls.config.compose import compose_train, model_config, required_ckpt
 from imgcls.errors import ConfigError, DataError
 from imgcls.export import int8, triton
@@ -36,8 +37,9 @@ from imgcls.quantization.qat import without_quantizers
 from imgcls.storage import write_atomic
 from imgcls.typed_config import merge, to_dict
 
-# The default output's suffix after <stem>[_ema]; triton writes a folder (repo=).
-FORMATS = {"weights": ".pt", "onnx": ".onnx", "torchscript": ".ts", "int8": "_int8.onnx", "triton": ""}
+# The default output's suffix after <stem>[_ema], per format= (config.choices, which the command's check allows);
+# triton writes a folder (repo=).
+FORMATS = dict(zip(EXPORT_FORMATS, (".pt", ".onnx", ".ts", "_int8.onnx", ""), strict=True))
 ONNX_OPSET = 18  # the TorchScript-based exporter's newest well-supported opset; onnxruntime runs it
 
 

@@ -17,6 +17,7 @@ import torch
 
 from imgcls.errors import CheckpointError
 from imgcls.inference.trained import checked_classes, checked_preprocessing
+from imgcls.models.weights import not_a_file
 
 METADATA_KEY = "imgcls"  # the metadata_props key imgcls.export writes and this module reads
 
@@ -88,7 +89,7 @@ def load_onnx(path: str | Path, threads: int | None = None, key: str = "ckpt") -
 
     file = Path(path).expanduser()
     if not file.is_file():
-        raise CheckpointError(f"{key}={path} does not exist")
+        raise not_a_file(file, key)
     try:
         session = ort.InferenceSession(str(file), session_options(threads), providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types for bad files

@@ -11,6 +11,7 @@ Three kinds of file hold a network:
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,96 @@ def read_torch_file(path: str | Path, key: str = "ckpt") -> Any:
     """torch.load on CPU with one-line errors naming the config key the path came from."""
     path = Path(str(path)).expanduser()
     if not path.is_file():
-        raise CheckpointError(f"{key}={path} does not exist")
+        raise not_a_file(path, key)
     try:
         return safe_torch_load(path)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+        kind = file_kind(path)
+        if kind is not None:
+            raise CheckpointError(
+                f"{key}={path} is {kind}, not a checkpoint: pass a .ckpt of train.py, a file of imgcls.export or a "
+                "state_dict (.pth)"
+            ) from None
         why = why_unreadable(exc)
         raise CheckpointError(f"{key}={path} is not a PyTorch checkpoint or weights file ({why})") from None
+
+
+# The names of the files a checkpoint path may give: train.py's, imgcls.export's, timm's / torchvision's / NVIDIA's.
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".pth.tar", ".onnx")
+SHOWN = 4  # checkpoints named in a line; the rest are counted
+
+
+def not_a_file(path: Path, key: str) -> CheckpointError:
+    """A path that is no file: a folder (the checkpoints in it to pick from, newest first) or nothing at all."""
+    if not path.is_dir():
+        return CheckpointError(f"{key}={path} does not exist")
+    found = checkpoints_in(path)
+    if not found:
+        kinds = ", ".join(CHECKPOINT_SUFFIXES)
+        return CheckpointError(f"{key}={path} is a folder and holds no checkpoint ({kinds} files); pass a file")
+    more = f" (and {len(found) - SHOWN} more)" if len(found) > SHOWN else ""
+    named = ", ".join(str(p) for p in found[:SHOWN])
+    return CheckpointError(f"{key}={path} is a folder; pass one of its checkpoints, newest first: {named}{more}")
+
+
+def checkpoints_in(folder: Path, depth: int = 4, budget: int = 20_000) -> list[Path]:
+    """The checkpoint files under folder (a run dir's checkpoints/ is 2 levels down from outputs/TASK), newest
+    first; a look, not a crawl: `depth` levels, `budget` entries (a dataset folder holds millions of images)."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        level = len(Path(root).relative_to(folder).parts)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if level < depth else []
+        budget -= len(dirs) + len(files)
+        found += [Path(root) / f for f in files if f.endswith(CHECKPOINT_SUFFIXES)]
+        if budget < 0:
+            break
+    return sorted(found, key=_modified, reverse=True)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# Text files by name: what a user may pass by mistake where a checkpoint belongs (README.md, a config).
+TEXT_KINDS = {
+    ".md": "a Markdown file", ".txt": "a text file", ".yaml": "a YAML file", ".yml": "a YAML file",
+    ".json": "a JSON file", ".py": "a Python file", ".csv": "a CSV file", ".log": "a log file",
+}  # fmt: skip
+
+
+def file_kind(path: Path) -> str | None:
+    """What a file that torch cannot load is, from its first bytes: an image (PIL's format name), a text file (by
+    its name), an empty file, a gzip or tar archive; None when it is none of these."""
+    from PIL import Image
+
+    try:
+        with path.open("rb") as file:
+            head = file.read(4096)
+    except OSError:
+        return None
+    if not head:
+        return "an empty file"
+    try:
+        with Image.open(path) as image:
+            return f"a {image.format} image"
+    except Exception:  # noqa: BLE001 - PIL raises several types for a file that is no image
+        pass
+    if b"\0" not in head:
+        try:
+            head.decode("utf-8")
+            text = True
+        except UnicodeDecodeError as exc:  # a character cut at the end of the 4 KB read is still text
+            text = exc.start >= len(head) - 3
+        if text:
+            return TEXT_KINDS.get(path.suffix.lower(), "a text file")
+    if head[:2] == b"\x1f\x8b":
+        return "a gzip archive"
+    if head[257:262] == b"ustar":
+        return "a tar archive"
+    return None
 
 
 def safe_torch_load(path: str | Path, mmap: bool = False) -> Any:

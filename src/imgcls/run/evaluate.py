@@ -15,6 +15,7 @@ format, cache or trace folder is someone else's choice, and a `pipe:` root is a 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "eval.json"
     write_json_atomic(output, document)
     print(json.dumps(document, indent=2))
+    said_where(output)
     return metrics
 
 
@@ -177,7 +179,13 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
     output = Path(cfg.output) if cfg.get("output") else Path(cfg.run_dir) / "eval.json"
     write_json_atomic(output, document)
     print(json.dumps(document, indent=2))
+    said_where(output)
     return metrics
+
+
+def said_where(output: Path) -> None:
+    """The metrics' file named on stderr, so that stdout stays the JSON document a script reads."""
+    print(f"imgcls: wrote {output}", file=sys.stderr)
 
 
 def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, DictConfig, dict[str, Any]]:

@@ -10,7 +10,9 @@ files. Hand-written because neither Hydra nor Lightning does this for external l
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -107,3 +109,41 @@ def check_run_files_are_ours(run_dir: str | Path) -> None:
             raise ConfigError(
                 f"run_dir={run_dir} holds a {name} that imgcls did not write; choose another hydra.run.dir"
             )
+
+
+# Hydra's job files in a run dir's .hydra/ (rank 0: conf/hydra/default.yaml).
+HYDRA_JOB_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+
+
+def discard_failed_run(run_dir: str | Path, task: str) -> bool:
+    """After a user error: a run dir that holds nothing but what Hydra wrote when the run started (.hydra/ and
+    TASK.log) never got to its work (train.py writes config.yaml before its first step, evaluate eval.json at its
+    end), and a dozen mistakes should not leave a dozen such dirs: it is removed, its log file closed first. A dir
+    with anything else (a checkpoint, config.yaml, a logger's files; the user's own files: hydra.run.dir=.) is left
+    as it is. True when removed."""
+    run_dir = Path(run_dir)
+    if run_dir.is_symlink() or not run_dir.is_dir() or run_dir.resolve() == Path.cwd().resolve():
+        return False
+    names = set(os.listdir(run_dir))
+    hydra = run_dir / ".hydra"
+    if not names <= {".hydra", f"{task}.log"}:
+        return False
+    if ".hydra" in names and (
+        hydra.is_symlink() or not hydra.is_dir() or not set(os.listdir(hydra)) <= HYDRA_JOB_FILES
+    ):
+        return False
+    # The log file's handler (Hydra's, on the root logger) goes first: a later record would write into a removed dir.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            handler.close()
+            root.removeHandler(handler)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
+    while parent != cwd and parent.is_relative_to(cwd):  # outputs/TASK/ and outputs/ that are left empty
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: other runs are in it
+            break
+        parent = parent.parent
+    return not run_dir.exists()
