@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -517,11 +518,29 @@ def rule_for(key: str, table: dict[str, Check]) -> Check | None:
 
 def known(key: str, table: dict[str, Check] | None) -> bool:
     """A key of the check table, or inside one of its open namespaces (`*`, OPEN), or a mapping above such keys."""
-    for pattern in {**table, **OPEN} if table is not None else {}:
+    return table is not None and _matcher(table)(key)
+
+
+def _matcher(table: dict[str, Check]) -> Callable[[str], bool]:
+    literal, wild = _prefixes(tuple({**table, **OPEN}))
+    return lambda key: key in literal or any(fnmatch.fnmatch(key, prefix) for prefix in wild)
+
+
+@functools.lru_cache(maxsize=16)
+def _prefixes(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """Every leading part of the patterns (recipe, recipe.qat, recipe.qat.seed): the plain ones as a set (a key is
+    looked up, not matched against ~300 patterns: the check runs on every key of every run), those with `*`."""
+    literal: set[str] = set()
+    wild: dict[str, None] = {}
+    for pattern in patterns:
         parts = pattern.split(".")
-        if any(fnmatch.fnmatch(key, ".".join(parts[:n])) for n in range(1, len(parts) + 1)):
-            return True
-    return False
+        for n in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:n])
+            if any(c in prefix for c in "*?["):
+                wild[prefix] = None
+            else:
+                literal.add(prefix)
+    return frozenset(literal), tuple(wild)
 
 
 def names_at(parts: Sequence[str], depth: int, patterns: Iterable[str], mappings_only: bool = False) -> set[str]:
@@ -561,19 +580,22 @@ def unknown_keys(cfg: DictConfig, table: dict[str, Check]) -> list[str]:
     """The keys of cfg that no table has, in the config's order (nothing resolved). Below a key whose rule is
     `anything` and which has no keys listed under it is its consumer's value (trainer.max_time's timedelta fields)."""
     allowed = _key_table(table)
+    is_known = _matcher(allowed)
     unknown: list[str] = []
 
     def walk(node: DictConfig, prefix: str) -> None:
         for name in node.keys():
-            key = f"{prefix}{name}"
+            key = prefix + str(name)
             if not prefix and key == "hydra":  # Hydra's own node, where a composition keeps it: Hydra's to check
                 continue
-            if not known(key, allowed):
+            if not is_known(key):
                 unknown.append(key)
                 continue
             child = node._get_node(name)
+            if not isinstance(child, DictConfig) or child._is_none():
+                continue
             free = rule_for(key, {**allowed, **OPEN}) is anything and not _listed_below(key, [*allowed, *OPEN])
-            if isinstance(child, DictConfig) and not child._is_none() and not free:
+            if not free:
                 walk(child, key + ".")
 
     walk(cfg, "")

@@ -41,7 +41,7 @@ def where_set(keys: Sequence[str]) -> dict[str, list[str]]:
         for config_path, package in _files(defaults.defaults):
             path = _locate(config_path, sources)
             content = OmegaConf.load(path) if path is not None else None
-            if not isinstance(content, DictConfig):
+            if path is None or not isinstance(content, DictConfig):
                 continue
             for key in keys:
                 inner = _inside(key, package)
