@@ -70,6 +70,27 @@ def hardware_for(gpu_name: str, memory_gib: float) -> str:
     return "dgxa100"  # A100, H100 and newer: the largest table NVIDIA published
 
 
+def runs_on_cuda(accelerator: str) -> bool:
+    """Whether a run with this trainer.accelerator trains on a CUDA GPU (auto: when this machine has one)."""
+    if accelerator in ("gpu", "cuda"):
+        return True
+    if accelerator != "auto":
+        return False
+    import torch  # here: the config commands check a config without importing torch
+
+    return torch.cuda.is_available()
+
+
+def precision_runs_as(precision: Any, accelerator: str) -> str:
+    """The Lightning precision a run trains in: precision.lightning, except AMP (fp16) without CUDA, which runs as
+    bf16-mixed (fp16 on a CPU is slow, and not what `precision=amp` on a laptop asks for) unless
+    precision.cpu_fp16 asks for fp16 there. One home for training (training/precision.py) and mode=plan."""
+    name = str(precision.lightning)
+    if name == "16-mixed" and not precision.get("cpu_fp16") and not runs_on_cuda(accelerator):
+        return "bf16-mixed"
+    return name
+
+
 def _why(profile: str, gpu_name: str) -> str:
     if profile != "dgxa100":
         return _TABLE_OF[profile]

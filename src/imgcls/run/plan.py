@@ -13,6 +13,7 @@ table of NVIDIA's published per-platform values (``hardware.batch``), looked up 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.config.checks import check_config
-from imgcls.config.hardware import resolve_auto_hardware
+from imgcls.config.hardware import precision_runs_as, resolve_auto_hardware
 from imgcls.config.published import scaled_hours, throughput
 from imgcls.data.shards.manifest import open_shard_set
 from imgcls.data.transforms import val_resize_size
@@ -106,35 +107,55 @@ def make_plan(
     )
 
 
-def world_size_of(trainer_cfg: Any, check_devices: bool = True) -> int:
-    """devices x nodes, checked against what this machine has."""
+def _requested(trainer_cfg: Any) -> tuple[Any, str, int]:
+    """trainer.devices (a digit string as its int), trainer.accelerator and trainer.num_nodes."""
     devices = trainer_cfg.devices
-    accelerator = str(trainer_cfg.accelerator)
-    nodes = int(trainer_cfg.get("num_nodes") or 1)
     if isinstance(devices, str) and devices not in ("auto", "-1"):
         devices = int(devices) if devices.isdigit() else devices
-    if accelerator in ("gpu", "cuda") and check_devices:
+    return devices, str(trainer_cfg.accelerator), int(trainer_cfg.get("num_nodes") or 1)
+
+
+def _count(devices: Any) -> int:
+    """How many processes a node runs for a trainer.devices value (auto: one, unless the GPUs were counted)."""
+    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
+        return len(devices)
+    if devices in ("auto", -1, "-1"):
+        return 1
+    return int(devices)
+
+
+def machine_refusal(trainer_cfg: Any) -> str | None:
+    """Why this machine cannot run trainer.accelerator with trainer.devices, as the one line training stops with
+    (world_size_of), and mode=plan prints for a plan of this machine; None when it can. The one home of these
+    checks: a plan that passed where training then refused was the mistake this function exists to stop."""
+    devices, accelerator, _ = _requested(trainer_cfg)
+    if accelerator in ("gpu", "cuda"):
         available = torch.cuda.device_count()
         if available == 0:
-            raise ConfigError(
+            return (
                 f"trainer.accelerator={accelerator} but this machine has no CUDA GPU; use hardware=cpu "
                 "(or trainer.accelerator=cpu)"
             )
-        if devices in ("auto", -1, "-1"):
-            devices = available
-        elif isinstance(devices, int) and devices > available:
-            raise ConfigError(f"trainer.devices={devices} but this machine has {available} GPU(s)")
-    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
-        count = len(devices)
-    elif devices in ("auto", -1, "-1"):
-        count = 1
-    else:
-        count = int(devices)
+        if isinstance(devices, int) and devices > available:
+            return f"trainer.devices={devices} but this machine has {available} GPU(s)"
+        return None
+    count, cores = _count(devices), os.cpu_count() or 1
+    if accelerator == "cpu" and count > cores:
+        return f"trainer.devices={count} CPU processes but this machine has {cores} cores"
+    return None
+
+
+def world_size_of(trainer_cfg: Any, check_devices: bool = True) -> int:
+    """devices x nodes; with check_devices, checked against what this machine has (machine_refusal), and
+    trainer.devices=auto on GPUs counted as this machine's GPUs."""
+    if check_devices and (refusal := machine_refusal(trainer_cfg)) is not None:
+        raise ConfigError(refusal)
+    devices, accelerator, nodes = _requested(trainer_cfg)
+    if check_devices and accelerator in ("gpu", "cuda") and devices in ("auto", -1, "-1"):
+        devices = torch.cuda.device_count()
+    count = _count(devices)
     if count <= 0:
         raise ConfigError(f"trainer.devices={devices} must be a positive number of devices")
-    cores = os.cpu_count() or 1
-    if accelerator == "cpu" and check_devices and count > cores:
-        raise ConfigError(f"trainer.devices={count} CPU processes but this machine has {cores} cores")
     return count * nodes
 
 
@@ -187,12 +208,14 @@ def train_images(data_cfg: Any) -> tuple[int | None, str]:
     return count, f"files in {train}"
 
 
-def describe(cfg: DictConfig) -> dict[str, Any]:
+def describe(cfg: DictConfig, checked: bool = False) -> dict[str, Any]:
     """`mode=plan`: the resolved run for any machine (an 8-GPU plan on a laptop), without opening an image,
     building a network or touching a GPU. hardware=auto plans for this machine's GPUs (torch.cuda's device
-    queries only: cheap, and nothing is built on a GPU); a named profile plans for its own machine."""
+    queries only: cheap, and nothing is built on a GPU); a named profile plans for its own machine. checked: the
+    caller has checked the config already."""
     auto = resolve_auto_hardware(cfg)
-    check_config(cfg)
+    if not checked:
+        check_config(cfg)
     plan = resolve_plan(cfg, check_devices=False)
     recipe = cfg.recipe
     epochs = int(recipe.epochs)
@@ -202,7 +225,7 @@ def describe(cfg: DictConfig) -> dict[str, Any]:
         "val_resize": val_resize_size(cfg.data, int(cfg.data.image_size)),  # shorter side before the centre crop
         "hardware": str(cfg.hardware.name), **({"hardware_auto": auto} if auto else {}),
         "accelerator": str(cfg.trainer.accelerator),  # which device the run trains on: a GPU profile or the CPU
-        "precision": str(cfg.precision.name), "data.backend": str(cfg.data.backend),
+        "precision": str(cfg.precision.name), "precision_runs_as": _runs_as(cfg), "data.backend": str(cfg.data.backend),
         "recipe": str(recipe.name), "epochs": epochs, "optimizer": str(recipe.optimizer),
         "schedule": str(recipe.get("schedule") or "cosine"), "warmup_epochs": float(recipe.warmup_epochs),
         **plan.as_dict(), "train_images": images, "train_images_from": source,
@@ -221,6 +244,25 @@ def describe(cfg: DictConfig) -> dict[str, Any]:
     if hours_here:
         summary["expected_hours_here"] = hours_here
     return summary
+
+
+def _runs_as(cfg: DictConfig) -> str:
+    """The precision Lightning trains in on the planned accelerator; AMP without CUDA says why it is bf16."""
+    accelerator = str(cfg.trainer.accelerator)
+    runs_as = precision_runs_as(cfg.precision, accelerator)
+    if runs_as != str(cfg.precision.lightning):
+        return (
+            f"{runs_as} (precision={cfg.precision.name}'s fp16 autocast needs CUDA: trainer.accelerator={accelerator} "
+            "runs bf16 autocast instead, or fp16 with precision.cpu_fp16=true)"
+        )
+    return runs_as
+
+
+def plans_this_machine(cfg: DictConfig) -> bool:
+    """Whether a plan is of the machine it runs on: hardware=auto chose the profile here, or the run trains on the
+    CPU. A GPU profile named by the user or an experiment plans for that profile's machine (an 8-GPU plan on a
+    laptop)."""
+    return resolve_auto_hardware(cfg) is not None or str(cfg.trainer.accelerator) == "cpu"
 
 
 def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
@@ -255,9 +297,29 @@ def as_written(value: Any) -> str:
 
 
 def show(cfg: DictConfig) -> dict[str, Any]:
-    """Print the plan, one `key  value` line each, and return it."""
-    summary = describe(cfg)
+    """Print the plan, one `key  value` line each, and return it; then training's check of the machine. A plan of
+    this machine that training would refuse (trainer.devices=8 on a 2-core CPU) ends with training's one line and
+    exit code 2 after the plan, so that a dry run fails where the run would; where those devices leave no plan to
+    make (the batches do not divide over them), that line alone, which training gives first too. A plan of another
+    machine (a named GPU profile) notes what training on this one would refuse, and exits 0."""
+    this_machine = plans_this_machine(cfg)
+    check_config(cfg)  # training's first check: its line comes before the machine's
+    try:
+        summary = describe(cfg, checked=True)
+    except ConfigError:
+        if this_machine:
+            world_size_of(cfg.trainer)  # training stops at this machine before the batches: that line, if any
+        raise
     width = max(map(len, summary))
     for key, value in summary.items():
         print(f"{key:<{width}}  {as_written(value)}")
+    if this_machine:
+        sys.stdout.flush()  # the plan first, then the error line (stderr is unbuffered)
+        world_size_of(cfg.trainer)  # training's own check of this machine: its one line, exit code 2
+    elif (refusal := machine_refusal(cfg.trainer)) is not None:
+        print(
+            f"imgcls: note: a plan for hardware={cfg.hardware.name}'s machine; training on this one would stop: "
+            f"{refusal}",
+            file=sys.stderr,
+        )
     return summary

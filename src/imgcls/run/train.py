@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from imgcls.callbacks.order import training_callbacks
@@ -12,6 +18,7 @@ from imgcls.callbacks.preemption import preemption_signals, restarted_by
 from imgcls.config.checks import check_config
 from imgcls.config.hardware import resolve_auto_hardware
 from imgcls.data.datamodule import ClassificationDataModule
+from imgcls.distributed import is_rank_zero
 from imgcls.inference.trained import preprocessing_of
 from imgcls.quantization.calibration import calibration_batches
 from imgcls.redaction import redact
@@ -32,10 +39,70 @@ def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) one run; return the run summary of report.json."""
     # SIGTERM/SIGUSR1/SIGUSR2 are imgcls's for the whole run, setup and teardown too (callbacks/preemption.py).
     with preemption_signals():
-        return _train(cfg)
+        started = _Started(removable=_may_remove_run_dir(cfg))
+        try:
+            return _train(cfg, started)
+        except BaseException:
+            if started.removable and not started.stepped():
+                remove_failed_train_dir(Path(cfg.run_dir))
+            raise
 
 
-def _train(cfg: DictConfig) -> dict[str, float]:
+@dataclass
+class _Started:
+    """Whether a failed run removes its run dir: it may (_may_remove_run_dir), and it made no optimizer step (its
+    Trainer, once built, counts them)."""
+
+    removable: bool
+    trainer: L.Trainer | None = None
+
+    def stepped(self) -> bool:
+        return self.trainer is not None and self.trainer.global_step > 0
+
+
+def _may_remove_run_dir(cfg: DictConfig) -> bool:
+    """A run that fails before its first step (a mistyped path, too many devices) leaves no run dir behind, when
+    Hydra made the dir for it: the dirs of a dozen mistakes hid the runs in outputs/train. A sweep's job keeps its
+    dir (the sweep's results table reads each job's exit code from it); ranks other than 0 never remove it."""
+    if not is_rank_zero() or HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return False
+    return made_for_this_train_run(cfg.run_dir, str(cfg.task_name))
+
+
+# What Hydra writes into a run dir before the task starts (rank 0: conf/hydra/default.yaml), besides TASK.log.
+HYDRA_ENTRIES = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
+
+
+def made_for_this_train_run(run_dir: str | Path, task_name: str) -> bool:
+    """Whether Hydra made run_dir for this launch: it holds .hydra/ and nothing but Hydra's files and the log
+    (a resumed run's dir holds its checkpoints and config.yaml, hydra.run.dir=. the user's own files). Read when the
+    run starts, before the run writes anything: remove_failed_train_dir may then remove the dir."""
+    run_dir = Path(run_dir)
+    if run_dir.is_symlink() or not (run_dir / ".hydra").is_dir() or run_dir.resolve() == Path.cwd().resolve():
+        return False
+    entries = {path.relative_to(run_dir).as_posix() for path in run_dir.rglob("*")}
+    return entries <= HYDRA_ENTRIES | {f"{task_name}.log"}
+
+
+def remove_failed_train_dir(run_dir: str | Path) -> bool:
+    """Remove the run dir of a train run that stopped before its first optimizer step, which Hydra made for it
+    (both for the caller to know: made_for_this_train_run), so that a mistake leaves no dir behind. A checkpoint or
+    a report.json in it keeps it whole. True when removed."""
+    run_dir = Path(run_dir)
+    for _, _, files in os.walk(run_dir):
+        if any(name.endswith(".ckpt") or name == "report.json" for name in files):  # a run that got somewhere
+            return False
+    # The log file is this run's: its handler is closed first, so that no later record reopens it in a removed dir.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(run_dir.resolve()):
+            handler.close()
+            root.removeHandler(handler)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not run_dir.exists()
+
+
+def _train(cfg: DictConfig, started: _Started) -> dict[str, float]:
     # 1. Check: every value once, before anything is built or written (one line per bad value), of the profile
     # that fits this machine (hardware=auto: checked and planned as the profile it stands for).
     resolve_auto_hardware(cfg)
@@ -89,6 +156,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
 
     # 7. Trainer.
     trainer = build_trainer(cfg, plan, callbacks, loggers)
+    started.trainer = trainer
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         # Renamed into place: under torchrun or srun the other ranks check this file (step 3) while rank 0 writes

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
 
+from imgcls.config.hardware import precision_runs_as, runs_on_cuda
 from imgcls.training.optimizer import SkipsOverflowedSteps
 
 log = logging.getLogger(__name__)
@@ -29,9 +30,9 @@ def resolve_precision(cfg: Any, accelerator: str) -> tuple[str | None, list[Any]
     and loss scaling on the CPU instead (torch's CPU autocast and GradScaler("cpu")), so the scaler path
     NVIDIA's AMP recipes rely on runs, and is tested, without a GPU."""
     name = cfg.lightning
-    uses_cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    uses_cuda = runs_on_cuda(accelerator)
     device = "cuda" if uses_cuda else "cpu"
-    if name == "16-mixed" and not uses_cuda and not cfg.get("cpu_fp16"):
+    if precision_runs_as(cfg, accelerator) != name:  # AMP's fp16 without CUDA (mode=plan says so too)
         log.warning(
             "precision=amp (fp16) needs a CUDA GPU; this run uses bf16 autocast on %s instead "
             "(precision.cpu_fp16=true runs fp16 with loss scaling on the CPU)",
