@@ -2,9 +2,9 @@
 
     python -m imgcls.plot RUN_DIR [RUN_DIR ...] [--out DIR]
 
-Writes loss.png (train and val, on a log scale), accuracy.png (val top-1 and top-5), lr.png and
-throughput.png (train and val img/s) per epoch, every run overlaid in its own colour. Default output:
-RUN_DIR/plots for one run, ./plots for several.
+Writes loss.png (train and val, on a log scale), accuracy.png (val top-1 and top-5) and throughput.png (train and
+val img/s) per epoch, and lr.png at every step the run logged its LR (RUN_DIR/csv/metrics.csv), so that a warm-up
+shows; every run overlaid in its own colour. Default output: RUN_DIR/plots for one run, ./plots for several.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """PNG charts of one or more runs from their report.json: drawn at the end of a run (callbacks/epoch_log.py) and by
 `python -m imgcls.plot` (imgcls/plot.py).
 
-loss.png (train and val, on a log scale), accuracy.png (val top-1 and top-5), lr.png and throughput.png (train and
-val img/s) per epoch, every run overlaid in its own colour.
+loss.png (train and val, on a log scale), accuracy.png (val top-1 and top-5) and throughput.png (train and val img/s)
+per epoch; lr.png at every step the run logged its LR (csv/metrics.csv, each trainer.log_every_n_steps optimizer
+steps) as well as at each epoch's end, so that a warm-up shows as the ramp it is; every run overlaid in its own colour.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -28,7 +30,7 @@ SOFTWARE = "imgcls.plot"  # the PNG text that marks a chart as ours (check_repla
 CHARTS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
     "loss": ("Loss", "loss", [("train.loss", "-"), ("val.loss", "--")]),
     "accuracy": ("Validation accuracy", "%", [("val.top1", "-"), ("val.top5", "--")]),
-    "lr": ("Learning rate (end of epoch)", "lr", [("train.lr", "-")]),
+    "lr": ("Learning rate", "lr", [("train.lr", "-")]),
     "throughput": ("Throughput", "img/s", [("train.total_ips", "-"), ("val.total_ips", "--")]),
 }
 # Charts with a log y axis: the first epoch's val loss can be far above the rest (83 on the demo, whose later
@@ -41,6 +43,34 @@ def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} has no report.json (is it a run dir of train.py?)")
     return list(json.loads(path.read_text()).get("epochs", []))
+
+
+def lr_points(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(epoch, LR) of a run, sorted, epochs from 0 as fractions: each epoch's end from report.json's rows (`rows`),
+    and in between every step that RUN_DIR/csv/metrics.csv holds an LR for. training/module.py logs the LR there on
+    Lightning's logging steps (trainer.log_every_n_steps: 50 by default, 10 in the demo), a host float read after
+    the step's scheduler update, so the chart costs the training step nothing. A step is placed in its epoch by the
+    report's step counts: step S (counted from 0, as the CSV's step column) of an epoch from step A to step B is at
+    epoch + (S + 1 - A) / (B - A), where the report's end of that epoch (B) lies at epoch + 1. A run without the CSV
+    (logger=none) has its epoch ends only."""
+    ends = {int(r["epoch"]): int(r["step"]) for r in rows if r.get("step") is not None}
+    points = {float(r["epoch"]) + 1: float(r["train.lr"]) for r in rows if r.get("train.lr") is not None}
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return sorted(points.items())
+    try:
+        with path.open(newline="") as file:
+            logged = [(int(r["epoch"]), int(r["step"]), float(r["train.lr"])) for r in csv.DictReader(file)
+                      if r.get("train.lr") and r.get("epoch") and r.get("step")]  # fmt: skip
+    except (OSError, ValueError, csv.Error):  # a log cut short or edited: the report's epoch ends still chart the run
+        return sorted(points.items())
+    length = 0
+    for epoch, step, lr in logged:  # a resumed run's re-logged steps come later in the file and win
+        start = ends.get(epoch - 1, 0)
+        length = ends[epoch] - start if epoch in ends else length  # an epoch in progress: as long as the last one
+        if length > 0 and 0 <= step + 1 - start <= length:
+            points[epoch + (step + 1 - start) / length] = lr
+    return sorted(points.items())
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
@@ -69,19 +99,26 @@ def check_replaceable(out_dir: Path) -> None:
             raise DataError(f"--out {out_dir}: {path.name} there was not written by imgcls.plot; choose another --out")
 
 
-def draw_chart(name: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> Figure:
-    """The figure of chart NAME (a key of CHARTS) for (label, report rows) of each run; the caller closes it."""
+def draw_chart(
+    name: str, runs: list[tuple[str, list[dict[str, Any]]]], lr: list[list[tuple[float, float]]] | None = None
+) -> Figure:
+    """The figure of chart NAME (a key of CHARTS) for (label, report rows) of each run; the caller closes it. `lr`:
+    each run's lr_points, drawn on the lr chart instead of the rows' epoch ends."""
     title, ylabel, series = CHARTS[name]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     values: list[float] = []
     for i, (label, rows) in enumerate(runs):
         for key, style in series:
-            points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]  # epochs from 1
+            if name == "lr" and lr is not None:
+                points = lr[i]  # epochs from 0, fractions between an epoch's steps; its end at epoch + 1
+            else:
+                points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]  # epochs from 1
             if points:
                 xs, ys = zip(*points)
                 values.extend(ys)
-                ax.plot(xs, ys, style, marker="o", markersize=3, color=colours[i % len(colours)],
+                marker = "o" if len(points) <= len(rows) else None  # a dot an epoch; a line through many steps
+                ax.plot(xs, ys, style, marker=marker, markersize=3, color=colours[i % len(colours)],
                         label=f"{label} {key}" if len(runs) > 1 else key)  # fmt: skip
     if name in LOG_SCALE and values and min(values) > 0:  # a log axis cannot place 0 or a negative value
         ax.set_yscale("log")
@@ -101,11 +138,12 @@ def draw_chart(name: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> Figur
 
 def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     runs = [(label, load_rows(p)) for label, p in zip(run_labels(run_dirs), run_dirs)]
+    lr = [lr_points(p, rows) for p, (_, rows) in zip(run_dirs, runs)]
     check_replaceable(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name in CHARTS:
-        fig = draw_chart(name, runs)
+        fig = draw_chart(name, runs, lr)
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=100, metadata={"Software": SOFTWARE})
         plt.close(fig)
