@@ -1,0 +1,909 @@
+"""One typed schema per config group (Hydra's "Structured Configs" pattern, schema for YAML files): a dataclass per
+group whose fields name every key the group's YAML options may set, each with its type, its default, a one-line
+meaning and, where the value comes from NVIDIA, its source (`field(metadata=...)`, read by docs and tests).
+
+A group option extends its schema (`defaults: [_schema, _self_]`, registered below in Hydra's ConfigStore as
+GROUP/_schema) and writes only the values that differ from the defaults here; a key only some options set is
+Optional with default None. Free-form namespaces stay mappings: data.storage_options (fsspec's options) and the
+hardware batch table (profile -> memory class -> per_device / global / weight_decay; `global` is a Python keyword,
+so a row is a mapping, not a dataclass). Ranges and cross-key rules are config/checks.py's (tests/test_schema.py
+fails when a key is in one and not the other). `X | None` is OmegaConf's Optional; it takes no other Union, so a
+key that may be an int or a string (hardware.devices: 8, "auto" or a list) is Any.
+"""
+
+# ruff: noqa: E501  (a field's meaning is one line, as docs/config-keys.md shows it)
+
+from __future__ import annotations
+
+from dataclasses import MISSING as _NO_DEFAULT
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+
+def _about(meaning: str, source: str = "") -> dict[str, str]:
+    """A field's metadata: what it means and where its value comes from (NVIDIA's file:line, or empty)."""
+    return {"meaning": meaning, "source": source}
+
+
+def _ref(interpolation: str) -> Any:
+    """An interpolation as a typed field's default (OmegaConf resolves it to the field's type when read)."""
+    return interpolation
+
+
+@dataclass
+class BenchmarkSchema:
+    """benchmark."""
+
+    warmup: int = field(default=10, metadata=_about("untimed iterations"))
+    iterations: int = field(
+        default=50,
+        metadata=_about("timed iterations (micro-batches); no epoch end, checkpoint or validation among them"),
+    )
+
+
+@dataclass
+class TrainSchema:
+    """train.yaml."""
+
+    task_name: Any = field(
+        default=_ref("${imgcls.choice:experiment,train}"),
+        metadata=_about("run dirs outputs/TASK_NAME/...: the experiment's file name, else train"),
+    )
+    mode: str = field(
+        default="train",
+        metadata=_about(
+            "train | benchmark (NVIDIA benchmark_training: timed iterations, no ckpt, no val) | plan (print the resolved batch, LR, WD, steps for any machine; no data, no GPU)",
+            source="train | benchmark (NVIDIA benchmark_training: timed iterations, no ckpt, no val) | plan (print the resolved batch, LR, WD, steps for any machine",
+        ),
+    )
+    seed: int = field(
+        default=12345,
+        metadata=_about(
+            "global-rank offset is added per process (NVIDIA seeded by local rank only)",
+            source="global-rank offset is added per process (NVIDIA seeded by local rank only)",
+        ),
+    )
+    deterministic: bool = field(
+        default=False, metadata=_about("Lightning's deterministic mode (slower; bitwise-reproducible kernels)")
+    )
+    ckpt_path: Any = field(
+        default=None, metadata=_about("resume: a .ckpt path, or `last` for this run dir's checkpoints/last.ckpt")
+    )
+    compile: bool = field(
+        default=False, metadata=_about("torch.compile the network (PyTorch's counterpart of the seeds' XLA switch)")
+    )
+    run_dir: Any = field(
+        default=_ref("${hydra:runtime.output_dir}"),
+        metadata=_about("everything of the run goes here; set with hydra.run.dir=DIR"),
+    )
+    expected: Any = field(
+        default=None,
+        metadata=_about("an experiment's published result ({top1, top1_std, hours}), copied to report.json"),
+    )
+    benchmark: BenchmarkSchema = field(
+        default_factory=BenchmarkSchema,
+        metadata=_about("mode=benchmark only: one epoch of warmup + iterations batches a rank"),
+    )
+
+
+@dataclass
+class ModelSchema:
+    """model."""
+
+    name: str = field(default=MISSING, metadata=_about(""))
+    arch: str = field(default=MISSING, metadata=_about("timm architecture, built with pretrained=False"))
+    image_size: int = field(
+        default=MISSING, metadata=_about("PYT/main.py default_image_size", source="PYT/main.py default_image_size")
+    )
+    drop_rate: float = field(
+        default=MISSING,
+        metadata=_about(
+            "ResNets have no head dropout in NVIDIA's code", source="ResNets have no head dropout in NVIDIA's code"
+        ),
+    )
+    drop_path_rate: float = field(
+        default=0.0,
+        metadata=_about(
+            "no stochastic depth (NVIDIA's ResNets have none; PYT/main.py --survival_prob absent)",
+            source="no stochastic depth (NVIDIA's ResNets have none; PYT/main.py --survival_prob absent)",
+        ),
+    )
+    conv_init: str = field(
+        default=MISSING,
+        metadata=_about(
+            "Kaiming normal; NVIDIA --conv_init default (every recipe used fan_in)",
+            source="NVIDIA --conv_init default (every recipe used fan_in)",
+        ),
+    )
+    zero_init_last_bn: bool = field(
+        default=False,
+        metadata=_about(
+            "NVIDIA --last_bn_0_init default (no recipe sets it)",
+            source="NVIDIA --last_bn_0_init default (no recipe sets it)",
+        ),
+    )
+    drop_path_mask: str = field(default="sample", metadata=_about("timm's per-sample DropPath when drop_path_rate > 0"))
+    bn_momentum: float | None = field(default=None, metadata=_about("null = PyTorch default 0.1"))
+    bn_eps: float | None = field(default=None, metadata=_about("null = PyTorch default 1e-5"))
+    weight_decay: float = field(
+        default=MISSING,
+        metadata=_about(
+            "1/32768 (NVIDIA PYT/resnet50v1.5/README 'Optimizer')",
+            source='1/32768 (NVIDIA PYT/resnet50v1.5/README "Optimizer")',
+        ),
+    )
+    lr_per_256: float | None = field(default=MISSING, metadata=_about("null = the recipe's value"))
+    batch_profile: str = field(default=MISSING, metadata=_about(""))
+    batch_divisor: int = field(default=1, metadata=_about(""))
+    weights: Any = field(
+        default=None, metadata=_about("weights-only file to initialize from (head replaced if classes differ)")
+    )
+    channels_last: bool = field(
+        default=False, metadata=_about("NHWC network memory format (the root models follow the precision's)")
+    )
+    se_width: int | None = field(
+        default=None,
+        metadata=_about(
+            "null = C/16 (paper, TF1); 16 = NVIDIA PyTorch", source="null = C/16 (paper, TF1); 16 = NVIDIA PyTorch"
+        ),
+    )
+    wide_se: bool | None = field(
+        default=None,
+        metadata=_about(
+            "true: NVIDIA's widese SE (0.25 x expanded channels; model/efficientnet_widese_b0)",
+            source="true: NVIDIA's widese SE (0.25 x expanded channels",
+        ),
+    )
+
+
+@dataclass
+class PrecisionLossScaleSchema:
+    """precision.loss_scale."""
+
+    dynamic: bool = field(
+        default=MISSING,
+        metadata=_about(
+            "false: the scale stays init_scale (TF1 --static_loss_scale); an overflow still skips",
+            source="false: the scale stays init_scale (TF1 --static_loss_scale)",
+        ),
+    )
+    init_scale: float = field(
+        default=MISSING,
+        metadata=_about("PYT/configs.yml static_loss_scale", source="PYT/configs.yml static_loss_scale"),
+    )
+    growth_factor: float = field(
+        default=MISSING, metadata=_about("IC/training.py GradScaler", source="IC/training.py GradScaler")
+    )
+    backoff_factor: float = field(default=MISSING, metadata=_about(""))
+    growth_interval: int = field(default=MISSING, metadata=_about(""))
+
+
+@dataclass
+class PrecisionSchema:
+    """precision."""
+
+    name: str = field(default=MISSING, metadata=_about(""))
+    lightning: str = field(default=MISSING, metadata=_about(""))
+    memory_class: str = field(default=MISSING, metadata=_about(""))
+    channels_last: bool = field(
+        default=MISSING, metadata=_about("NVIDIA FP32 recipes use nchw", source="NVIDIA FP32 recipes use nchw")
+    )
+    tf32: bool = field(default=MISSING, metadata=_about(""))
+    cpu_fp16: bool | None = field(
+        default=None, metadata=_about("true: fp16 autocast + GradScaler('cpu') instead of the bf16 fallback")
+    )
+    max_consecutive_overflows: int | None = field(default=None, metadata=_about(""))
+    loss_scale: PrecisionLossScaleSchema | None = field(
+        default=None,
+        metadata=_about(
+            "GradScaler's settings (amp); null: NVIDIA's main.py default scaler", source="PYT/main.py:262-267"
+        ),
+    )
+
+
+@dataclass
+class HardwareSchema:
+    """hardware."""
+
+    name: str = field(
+        default=MISSING,
+        metadata=_about(
+            "replaced by the chosen profile's name at start (imgcls.config.hardware.resolve_auto_hardware)"
+        ),
+    )
+    accelerator: str = field(default=MISSING, metadata=_about(""))
+    devices: Any = field(default=MISSING, metadata=_about("one process; trainer.devices=2 for 2-process DDP (gloo)"))
+    num_workers: int = field(default=MISSING, metadata=_about("one loader worker per core"))
+    prefetch_factor: int | None = field(default=MISSING, metadata=_about("PyTorch default"))
+    pin_memory: bool = field(default=MISSING, metadata=_about(""))
+    data_backend: str = field(default=MISSING, metadata=_about(""))
+    batch: dict[str, dict[str, dict[str, Any]]] = field(
+        default_factory=dict,
+        metadata=_about(
+            "per-device and global (optimizer) batch, and the weight decay of NVIDIA's batch anchor, by model.batch_profile and precision.memory_class",
+            source="PYT/configs.yml, per platform",
+        ),
+    )
+
+
+@dataclass
+class RecipeQatSchema:
+    """recipe.qat."""
+
+    calibration_images: int = field(
+        default=MISSING,
+        metadata=_about(
+            "the activation ranges' first values (TF1's QAT has no calibration: its ranges are moving min/max averages, tf.contrib.quantize); 10 batches of 128",
+            source="the activation ranges' first values (TF1's QAT has no calibration: its ranges are moving min/max averages, tf.contrib.quantize)",
+        ),
+    )
+    calibration_batch_size: int = field(default=MISSING, metadata=_about("images per calibration forward pass"))
+    seed: int = field(default=MISSING, metadata=_about("which training images calibrate (the same on every rank)"))
+    calibration_preprocessing: str = field(
+        default=MISSING,
+        metadata=_about(
+            "val: what deployment feeds; train: the training augmentation (NVIDIA PyTorch)",
+            source="train: the training augmentation (NVIDIA PyTorch)",
+        ),
+    )
+    calibrator: str = field(
+        default=MISSING,
+        metadata=_about(
+            "max: the largest |activation| (modelopt's default, closest to TF1's min/max); percentile: NVIDIA PyTorch's histogram at `percentile`",
+            source="max: the largest |activation| (modelopt's default, closest to TF1's min/max); percentile: NVIDIA PyTorch's histogram at `percentile`",
+        ),
+    )
+    percentile: float = field(default=MISSING, metadata=_about("calibrator=percentile only"))
+    quantizers: str = field(
+        default=MISSING,
+        metadata=_about("conv/linear/pool inputs and weights; nvidia: + SE multiply and residual inputs"),
+    )
+
+
+@dataclass
+class RecipeSchema:
+    """recipe."""
+
+    name: str = field(default=MISSING, metadata=_about(""))
+    epochs: int = field(default=MISSING, metadata=_about("90E scripts: --epochs 90"))
+    warmup_epochs: float = field(
+        default=MISSING,
+        metadata=_about("configs.yml resnet_params warmup 8", source="configs.yml resnet_params warmup 8"),
+    )
+    optimizer: str = field(default=MISSING, metadata=_about(""))
+    momentum: float = field(
+        default=MISSING,
+        metadata=_about("configs.yml resnet_params momentum", source="configs.yml resnet_params momentum"),
+    )
+    nesterov: bool = field(default=False, metadata=_about("NVIDIA default; no recipe uses it", source="NVIDIA default"))
+    rmsprop_alpha: float | None = field(
+        default=None, metadata=_about("set by the RMSprop recipes (efficientnet, tf2_efficientnet)")
+    )
+    rmsprop_eps: float | None = field(default=None, metadata=_about(""))
+    lr_per_256: float = field(
+        default=MISSING,
+        metadata=_about(
+            "PYT README 'Optimizer': 0.256 per 256 images", source='PYT README "Optimizer": 0.256 per 256 images'
+        ),
+    )
+    lr: float | None = field(
+        default=MISSING,
+        metadata=_about(
+            "an absolute peak LR instead of lr_per_256 x global batch / 256 (NVIDIA --lr)",
+            source="an absolute peak LR instead of lr_per_256 x global batch / 256 (NVIDIA --lr)",
+        ),
+    )
+    end_lr: float = field(
+        default=0.0, metadata=_about("PYT/main.py --end-lr default", source="PYT/main.py --end-lr default")
+    )
+    schedule: str = field(
+        default=MISSING,
+        metadata=_about(
+            "cosine | linear | step (NVIDIA --lr-schedule), stepped every optimizer step",
+            source="cosine | linear | step (NVIDIA --lr-schedule), stepped every optimizer step",
+        ),
+    )
+    lr_milestones: list[float] = field(
+        default=MISSING,
+        metadata=_about(
+            "schedule=step: x0.1 at these epochs (NVIDIA main.py lr_step_policy, hard-coded there)",
+            source="schedule=step: x0.1 at these epochs (NVIDIA main.py lr_step_policy, hard-coded there)",
+        ),
+    )
+    lr_decay_rate: float | None = field(
+        default=None,
+        metadata=_about(
+            "schedule=exponential: TF2/utils/cmdline_helper.py:178 --lr_decay_rate default",
+            source="schedule=exponential: TF2/utils/cmdline_helper.py:178 --lr_decay_rate default",
+        ),
+    )
+    lr_decay_epochs: float | None = field(
+        default=None,
+        metadata=_about(
+            "schedule=exponential: TF2/utils/cmdline_helper.py:180 --lr_decay_epochs default",
+            source="schedule=exponential: TF2/utils/cmdline_helper.py:180 --lr_decay_epochs default",
+        ),
+    )
+    lr_interval: str = field(
+        default="step",
+        metadata=_about(
+            "the LR changes every optimizer step (epoch: NVIDIA PyTorch's lr_policy)",
+            source="the LR changes every optimizer step (epoch: NVIDIA PyTorch's lr_policy)",
+        ),
+    )
+    global_batch_size: int | None = field(
+        default=MISSING,
+        metadata=_about(
+            "null = hardware profile table (NVIDIA optimizer_batch_size)",
+            source="null = hardware profile table (NVIDIA optimizer_batch_size)",
+        ),
+    )
+    weight_decay: float | None = field(
+        default=MISSING,
+        metadata=_about("null = the hardware row's value, else the model's (1/32768 RN50, 1/16384 RNXt)"),
+    )
+    weight_decay_on: str = field(
+        default=MISSING,
+        metadata=_about(
+            "NVIDIA bn_weight_decay False excludes BN; imgcls also excludes biases",
+            source="NVIDIA bn_weight_decay False excludes BN",
+        ),
+    )
+    label_smoothing: float = field(
+        default=0.0,
+        metadata=_about(
+            "no smoothing (the recipes set NVIDIA's 0.1)", source="no smoothing (the recipes set NVIDIA's 0.1)"
+        ),
+    )
+    mixup: float = field(default=0.0, metadata=_about("Beta(alpha, alpha); 0 = off"))
+    cutmix: float = field(
+        default=0.0,
+        metadata=_about(
+            "0 = off (not in NVIDIA's PyTorch code; TF2 has it)",
+            source="0 = off (not in NVIDIA's PyTorch code; TF2 has it)",
+        ),
+    )
+    mixup_mode: str = field(
+        default="batch",
+        metadata=_about(
+            "PYT image_classification/mixup.py:22: one np.random.beta lambda per batch",
+            source="PYT image_classification/mixup.py:22: one np.random.beta lambda per batch",
+        ),
+    )
+    augment: str | None = field(default=None, metadata=_about("null | autoaugment | randaugment"))
+    autoaugment_policy: str = field(
+        default=MISSING,
+        metadata=_about(
+            "PYT IC/autoaugment.py:12-42 (--augmentation autoaugment) is the v0 list, 250 px translate",
+            source="PYT IC/autoaugment.py:12-42 (--augmentation autoaugment) is the v0 list, 250 px translate",
+        ),
+    )
+    autoaugment_ops: str | None = field(
+        default=None,
+        metadata=_about(
+            "TF2 augment.py's ops as TensorFlow runs them: Posterize's shift clamped to 7, Solarize's 256 as uint8 0 (:326-330, :374-377); other recipes: pytorch",
+            source="TF2 augment.py's ops as TensorFlow runs them: Posterize's shift clamped to 7, Solarize's 256 as uint8 0 (:326-330, :374-377)",
+        ),
+    )
+    interpolation: str = field(
+        default=MISSING, metadata=_about("configs.yml resnet_params", source="configs.yml resnet_params")
+    )
+    train_crop: str | None = field(
+        default=None,
+        metadata=_about(
+            "TF1 sample_distorted_bounding_box (TF1/utils/image_processing.py:52-61), data/tf_crop.py",
+            source="TF1 sample_distorted_bounding_box (TF1/utils/image_processing.py:52-61), data/tf_crop.py",
+        ),
+    )
+    train_crop_object_boxes: bool | None = field(
+        default=None,
+        metadata=_about(
+            "TF1 passes the records' ImageNet object boxes (image_processing.py:33-43, :147)",
+            source="TF1 passes the records' ImageNet object boxes (image_processing.py:33-43, :147)",
+        ),
+    )
+    ema_decay: float | None = field(
+        default=None, metadata=_about("no EMA (NVIDIA --use-ema off)", source="no EMA (NVIDIA --use-ema off)")
+    )
+    ema_dynamic_decay: bool = field(
+        default=False,
+        metadata=_about(
+            "with ema_decay: timm's (weights copied at the first update, then a constant decay); true: NVIDIA's ramp min(decay, (1 + t) / (10 + t)) from the network as built (training/ema.py)",
+            source="true: NVIDIA's ramp min(decay, (1 + t) / (10 + t)) from the network as built (training/ema.py)",
+        ),
+    )
+    ema_ramp: str = field(
+        default="pytorch",
+        metadata=_about(
+            "with ema_dynamic_decay: how t counts steps. pytorch: t = 0 at the first update (PYT/image_classification/training.py:226, models/common.py:196-200); tf2: t = 1, float32 (TF2/utils/optimizer_factory.py:149-153, :195-202)",
+            source="with ema_dynamic_decay: how t counts steps. pytorch: t = 0 at the first update (PYT/image_classification/training.py:226, models/common.py:196-200); tf2: t = 1, float32 (TF2/utils/optimizer_factory.py:149-153, :195-202)",
+        ),
+    )
+    stagewise: bool | None = field(
+        default=None,
+        metadata=_about(
+            "TF2 --n_stages > 1 (turns data.progressive on with the stage schedule)",
+            source="TF2 --n_stages > 1 (turns data.progressive on with the stage schedule)",
+        ),
+    )
+    stages: int | None = field(
+        default=None,
+        metadata=_about(
+            "TF2 --n_stages (v2-S script 4; TF2 default 1 = no stages)",
+            source="TF2 --n_stages (v2-S script 4; TF2 default 1 = no stages)",
+        ),
+    )
+    base_image_size: int | None = field(
+        default=None,
+        metadata=_about(
+            "TF2 --base_img_size default 128 (v2-S 128): stage sizes ramp from here",
+            source="TF2 --base_img_size default 128 (v2-S 128): stage sizes ramp from here",
+        ),
+    )
+    base_randaug_magnitude: int | None = field(
+        default=None,
+        metadata=_about(
+            "TF2 --base_randaug_mag default 5: the first stage's RandAugment magnitude",
+            source="TF2 --base_randaug_mag default 5: the first stage's RandAugment magnitude",
+        ),
+    )
+    randaugment: str | None = field(
+        default=None, metadata=_about("v2-S --raug_magnitude 15 --raug_num_layers 2 (timm's policy string)")
+    )
+    qat: RecipeQatSchema | None = field(
+        default=None,
+        metadata=_about("recipe=qat: fake INT8 quantizers calibrated on training images (quantization/qat.py)"),
+    )
+
+
+@dataclass
+class DataProgressiveSchema:
+    """data.progressive."""
+
+    enabled: bool = field(
+        default=_ref("${oc.select:recipe.stagewise,false}"),
+        metadata=_about("a stage-wise recipe (recipe/tf2_efficientnet_stagewise) turns it on"),
+    )
+    start_size: int = field(
+        default=_ref("${oc.select:recipe.base_image_size,160}"),
+        metadata=_about(
+            "FFCV rn50 min_res 160 (TF2 --base_img_size 128)", source="FFCV rn50 min_res 160 (TF2 --base_img_size 128)"
+        ),
+    )
+    end_size: int | None = field(
+        default=None,
+        metadata=_about(
+            "null = image_size (FFCV rn50 max_res 192, TF2 --train_img_size)",
+            source="null = image_size (FFCV rn50 max_res 192, TF2 --train_img_size)",
+        ),
+    )
+    stages: int | None = field(
+        default=_ref("${oc.select:recipe.stages,null}"),
+        metadata=_about(
+            "null = linear ramp; N = TF2 stage-wise schedule with N stages",
+            source="N = TF2 stage-wise schedule with N stages",
+        ),
+    )
+    start_epoch: int = field(
+        default=0,
+        metadata=_about(
+            "ramp only: last epoch at start_size (FFCV start_ramp, 65 of 88 for rn50)",
+            source="ramp only: last epoch at start_size (FFCV start_ramp, 65 of 88 for rn50)",
+        ),
+    )
+    end_epoch: int | None = field(
+        default=None,
+        metadata=_about(
+            "ramp only: first epoch at end_size (FFCV end_ramp, 76 of 88); null = last epoch",
+            source="ramp only: first epoch at end_size (FFCV end_ramp, 76 of 88)",
+        ),
+    )
+    multiple_of: int = field(
+        default=32,
+        metadata=_about(
+            "ramp only: sizes snapped to this multiple (FFCV 32)",
+            source="ramp only: sizes snapped to this multiple (FFCV 32)",
+        ),
+    )
+    total_epochs: int = field(
+        default=_ref("${recipe.epochs}"),
+        metadata=_about(
+            "stages: epochs_per_stage = total_epochs // stages (TF2 max_epochs // n_stages)",
+            source="stages: epochs_per_stage = total_epochs // stages (TF2 max_epochs // n_stages)",
+        ),
+    )
+    start_magnitude: int | None = field(
+        default=_ref("${oc.select:recipe.base_randaug_magnitude,null}"),
+        metadata=_about(
+            "RandAugment magnitude of the first epoch/stage, ramped to data.randaugment's (TF2 --base_randaug_mag 5)",
+            source="RandAugment magnitude of the first epoch/stage, ramped to data.randaugment's (TF2 --base_randaug_mag 5)",
+        ),
+    )
+
+
+@dataclass
+class DataSchema:
+    """data."""
+
+    name: str = field(default=MISSING, metadata=_about(""))
+    root: Any = field(default=MISSING, metadata=_about(""))
+    backend: Any = field(
+        default=_ref("${hardware.data_backend}"),
+        metadata=_about(
+            "torchvision | dali_cpu | dali_gpu | synthetic (NVIDIA --data-backend)",
+            source="torchvision | dali_cpu | dali_gpu | synthetic (NVIDIA --data-backend)",
+        ),
+    )
+    format: str = field(
+        default="folder",
+        metadata=_about(
+            "folder: ROOT/{train,val}/<class>/<image>. webdataset | tfrecord: shard files in ROOT (train-*, validation-*; manifest.json from `python -m imgcls.data.shards convert`); ROOT may be a URL (s3://, gs://, https://, pipe:). docs/shards.md"
+        ),
+    )
+    label_base: str = field(
+        default="auto",
+        metadata=_about(
+            "shards: the label number of the first class. auto: the manifest's; without one, 1 for tfrecord (NVIDIA TF1 build_imagenet_data.py writes 1..1000 and the model subtracts 1), 0 for webdataset",
+            source="without one, 1 for tfrecord (NVIDIA TF1 build_imagenet_data.py writes 1..1000 and the model subtracts 1), 0 for webdataset",
+        ),
+    )
+    index_dir: Any = field(
+        default=None,
+        metadata=_about(
+            "tfrecord + DALI: DALI index files (NVIDIA TF1 --data_idx_dir); null: ROOT/dali_idx if it exists, else made once under shard_cache",
+            source="tfrecord + DALI: DALI index files (NVIDIA TF1 --data_idx_dir)",
+        ),
+    )
+    shard_cache: str = field(
+        default=_ref("${oc.env:IMGCLS_CACHE,${oc.env:HOME,/tmp}/.cache/imgcls}/shards"),
+        metadata=_about(
+            "remote shards are copied here once, read locally (layout: data/shards/cache.py; `python -m imgcls.data.shards cache list|prune`)"
+        ),
+    )
+    batch_size: int | None = field(default=None, metadata=_about("PER DEVICE; null = the hardware profile's table"))
+    val_batch_size: int | None = field(default=None, metadata=_about("null = batch_size"))
+    train_images: int | None = field(
+        default=None,
+        metadata=_about("number of train images, for mode=plan's step counts (null: count data.root/train)"),
+    )
+    num_workers: int = field(default=_ref("${hardware.num_workers}"), metadata=_about(""))
+    prefetch_factor: int | None = field(default=_ref("${hardware.prefetch_factor}"), metadata=_about(""))
+    pin_memory: bool = field(default=_ref("${hardware.pin_memory}"), metadata=_about(""))
+    persistent_workers: bool = field(default=True, metadata=_about(""))
+    image_size: int = field(default=_ref("${model.image_size}"), metadata=_about("train crop and val crop size"))
+    val_crop_pct: float = field(
+        default=0.875, metadata=_about("val: resize shorter side to image_size / 0.875 (256 for 224), center crop")
+    )
+    val_crop_padding: int | None = field(
+        default=None,
+        metadata=_about(
+            "N: resize the shorter side to image_size + N instead, then centre crop (NVIDIA's eval: PYT crop_padding 32 -> 256 for 224, 412 for B4's 380); overrides val_crop_pct",
+            source="N: resize the shorter side to image_size + N instead, then centre crop (NVIDIA's eval: PYT crop_padding 32 -> 256 for 224, 412 for B4's 380)",
+        ),
+    )
+    train_crop_scale: list[float] = field(
+        default_factory=lambda: [0.08, 1.0],
+        metadata=_about(
+            "RandomResizedCrop area range (PYT: torchvision default)",
+            source="RandomResizedCrop area range (PYT: torchvision default)",
+        ),
+    )
+    train_crop_ratio: list[float] = field(
+        default_factory=lambda: [0.75, 1.3333333333333333], metadata=_about("aspect range 3/4-4/3")
+    )
+    train_crop: str = field(
+        default=_ref("${oc.select:recipe.train_crop,random_resized}"),
+        metadata=_about(
+            "random_resized: torchvision's RandomResizedCrop (DALI: its random crop). tf: TF's sample_distorted_bounding_box (data/tf_crop.py), NVIDIA TF1/TF2",
+            source="random_resized: torchvision's RandomResizedCrop (DALI: its random crop). tf: TF's sample_distorted_bounding_box (data/tf_crop.py), NVIDIA TF1/TF2",
+        ),
+    )
+    train_crop_min_object_covered: float = field(
+        default=0.1,
+        metadata=_about(
+            "train_crop=tf: the crop covers >= this of an object box (TF2 preprocessing.py:233)",
+            source="train_crop=tf: the crop covers >= this of an object box (TF2 preprocessing.py:233)",
+        ),
+    )
+    train_crop_attempts: int = field(
+        default=100,
+        metadata=_about(
+            "train_crop=tf: attempts before the whole image (TF2 preprocessing.py:236)",
+            source="train_crop=tf: attempts before the whole image (TF2 preprocessing.py:236)",
+        ),
+    )
+    train_crop_object_boxes: bool = field(
+        default=_ref("${oc.select:recipe.train_crop_object_boxes,false}"),
+        metadata=_about(
+            "train_crop=tf: the object boxes of TFRecords (image/object/bbox/*, TF1 image_processing.py:33-43); false or none: the whole image",
+            source="train_crop=tf: the object boxes of TFRecords (image/object/bbox/*, TF1 image_processing.py:33-43)",
+        ),
+    )
+    hflip: float = field(default=0.5, metadata=_about("horizontal flip probability"))
+    interpolation: Any = field(default=_ref("${recipe.interpolation}"), metadata=_about(""))
+    augment: str | None = field(default=_ref("${recipe.augment}"), metadata=_about("null | autoaugment | randaugment"))
+    autoaugment_policy: str = field(
+        default=_ref("${recipe.autoaugment_policy}"),
+        metadata=_about("augment=autoaugment: timm's policy name (DALI: v0 only)"),
+    )
+    autoaugment_ops: str = field(
+        default=_ref("${oc.select:recipe.autoaugment_ops,pytorch}"),
+        metadata=_about(
+            "augment=autoaugment: whose Posterize, Solarize and Shear run the policy: pytorch (NVIDIA PYT autoaugment.py, PIL) | tf2 (NVIDIA TF2 augment.py as TensorFlow runs it); data/augment.py, data/dali/tf_autoaugment.py",
+            source="augment=autoaugment: whose Posterize, Solarize and Shear run the policy: pytorch (NVIDIA PYT autoaugment.py, PIL) | tf2 (NVIDIA TF2 augment.py as TensorFlow runs it)",
+        ),
+    )
+    randaugment: Any = field(
+        default=_ref("${oc.select:recipe.randaugment,rand-m9-mstd0.5}"),
+        metadata=_about("timm RandAugment policy used when augment=randaugment"),
+    )
+    mean: list[float] = field(
+        default_factory=lambda: [0.485, 0.456, 0.406],
+        metadata=_about(
+            "ImageNet mean/std (NVIDIA IC/dataloaders.py, x255 there)",
+            source="ImageNet mean/std (NVIDIA IC/dataloaders.py, x255 there)",
+        ),
+    )
+    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225], metadata=_about(""))
+    num_classes: int | None = field(
+        default=None, metadata=_about("null = number of class folders (synthetic: required)")
+    )
+    class_names: Any = field(
+        default=None,
+        metadata=_about(
+            "shards without manifest.json: the names of labels 0..N-1 (else '0'..'N-1', or ImageNet's wnids for 1000 classes); a manifest's names win"
+        ),
+    )
+    train_samples: int | None = field(default=None, metadata=_about(""))
+    val_samples: int | None = field(default=None, metadata=_about(""))
+    channels_last: bool = field(
+        default=_ref("${model.channels_last}"),
+        metadata=_about(
+            "DALI writes NHWC when the model runs channels_last (NVIDIA nhwc)",
+            source="DALI writes NHWC when the model runs channels_last (NVIDIA nhwc)",
+        ),
+    )
+    dali_fp16: bool = field(
+        default=False,
+        metadata=_about(
+            "DALI: fp16 normalized images (dali_gpu: out of CMN; dali_cpu: on the device); precision=amp or bf16 only"
+        ),
+    )
+    dali_train_resize: str = field(
+        default="auto",
+        metadata=_about(
+            "dali_cpu train resize: auto | torch | dali. torch: DALI ROI-decodes, torch resizes (DALI's CPU resize costs most of a decode; data/dali/host_resize.py). auto = torch from 128 px up, unless data.augment or the interpolation needs DALI. dali_gpu: DALI."
+        ),
+    )
+    dali_resize_threads: int = field(
+        default=_ref("${.num_workers}"),
+        metadata=_about("threads of that torch resize (torch releases the GIL; one thread caps the rate)"),
+    )
+    dali_host_prefetch: int = field(
+        default=1,
+        metadata=_about(
+            "that torch resize makes batch N+1 in a background thread while step N runs; batches waiting ahead of the step (+1 in the making). 0: no thread, resize inside the step"
+        ),
+    )
+    dali_train_antialias: bool = field(
+        default=False,
+        metadata=_about(
+            "DALI train resize antialias: false as NVIDIA (6fcd5f5d); val always antialiases (as PIL)",
+            source="DALI train resize antialias: false as NVIDIA (6fcd5f5d)",
+        ),
+    )
+    dali_checkpointing: bool = field(
+        default=True,
+        metadata=_about(
+            "DALI's reader checkpoint in every checkpoint: a resume continues at the saved batch. Costs a second copy of the file names per rank (+127 MiB for ImageNet's train list); false: a resume starts the reader's epoch again (docs/reliability.md)"
+        ),
+    )
+    on_bad_image: str = field(
+        default="skip",
+        metadata=_about(
+            "an undecodable file (empty, truncated, not an image): skip (one warning per file, count in report.json) | error (stop naming the file); see docs/reliability.md"
+        ),
+    )
+    max_image_pixels: int = field(
+        default=89478485,
+        metadata=_about(
+            "a larger image (width x height) is a bad image, before it is decoded: PIL's default decompression-bomb limit (a 300 KB PNG can declare 144 MP, >1 GB to decode); raise it for 108 MP photos (12000x9000) and the like"
+        ),
+    )
+    trace_dir: Any = field(
+        default=None, metadata=_about("DALI: write each rank's sample indices per epoch here (shard checks, debugging)")
+    )
+    storage_options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_about(
+            "fsspec's options for remote shards, e.g. {endpoint_url: 'http://127.0.0.1:9000'} (docs/shards.md)"
+        ),
+    )
+    progressive: DataProgressiveSchema = field(
+        default_factory=DataProgressiveSchema,
+        metadata=_about("progressive resizing: the train size grows with the epoch (data/progressive.py)"),
+    )
+
+
+@dataclass
+class LoggerWandbSchema:
+    """logger.wandb (logger=wandb)."""
+
+    project: str = field(default="imgcls", metadata=_about("W&B project"))
+    entity: str | None = field(default=None, metadata=_about("W&B entity (null: the account's default)"))
+    name: str | None = field(default=None, metadata=_about("W&B run name (null: W&B's)"))
+    offline: bool = field(default=False, metadata=_about("offline run (then `wandb sync`); also WANDB_MODE=offline"))
+    log_model: bool = field(default=False, metadata=_about("upload the best checkpoint as an artifact at the end"))
+    tags: list[str] = field(default_factory=list, metadata=_about("W&B run tags"))
+    log_images: int = field(default=16, metadata=_about("training images in the sample grid (0: none)"))
+    confusion_max_classes: int = field(
+        default=100, metadata=_about("confusion matrix up to this many classes; per-class accuracy always")
+    )
+
+
+@dataclass
+class LoggerSchema:
+    """logger: a key present turns its logger on (run/loggers.py reads the names)."""
+
+    csv: dict[str, Any] | None = field(default=None, metadata=_about("{}: CSV metrics in the run dir"))
+    tensorboard: dict[str, Any] | None = field(default=None, metadata=_about("{}: TensorBoard events in the run dir"))
+    wandb: LoggerWandbSchema | None = field(default=None, metadata=_about("Weights & Biases settings"))
+
+
+@dataclass
+class CallbacksCheckpointSchema:
+    """callbacks.checkpoint."""
+
+    monitor: str | None = field(default=None, metadata=_about(""))
+    every_n_train_steps: int | None = field(
+        default=None, metadata=_about("also save last.ckpt every K optimizer steps (mid-epoch resume)")
+    )
+    every_n_epochs: int | None = field(default=None, metadata=_about(""))
+    keep_epochs: int | None = field(
+        default=None,
+        metadata=_about(
+            "also keep epoch_NNNN.ckpt of the newest N epochs, -1 all (NVIDIA --gather-checkpoints)",
+            source="also keep epoch_NNNN.ckpt of the newest N epochs, -1 all (NVIDIA --gather-checkpoints)",
+        ),
+    )
+
+
+@dataclass
+class CallbacksSchema:
+    """callbacks."""
+
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata=_about(
+            "stop after N epochs without a better val.top1 (NVIDIA --early-stopping-patience)",
+            source="stop after N epochs without a better val.top1 (NVIDIA --early-stopping-patience)",
+        ),
+    )
+    progress_bar: str | None = field(
+        default="rich",
+        metadata=_about("rich | tqdm | none; drawn on a terminal only (a log or a pipe gets the epoch lines)"),
+    )
+    progress_bar_every_n_steps: int | None = field(
+        default=10,
+        metadata=_about(
+            "the bar is redrawn every N batches (Lightning's default, 1, redraws every batch: host time in the step, which a GPU waits for)"
+        ),
+    )
+    log_every_n_steps: int | None = field(
+        default=20,
+        metadata=_about(
+            "a progress line (step, loss, LR, img/s, data time, ETA) every N optimizer steps, in every log (NVIDIA PyTorch ConvNets/configs.yml:39 convergence print_freq: 20); null: none",
+            source="a progress line (step, loss, LR, img/s, data time, ETA) every N optimizer steps, in every log (NVIDIA PyTorch ConvNets/configs.yml:39 convergence print_freq: 20)",
+        ),
+    )
+    charts: bool = field(
+        default=True,
+        metadata=_about("RUN_DIR/plots/*.png at the end of fit (imgcls.plot); false: sweeps of many short jobs"),
+    )
+    count_host_syncs: bool | None = field(
+        default=None,
+        metadata=_about("report.json's train/val.host_syncs_per_step on CUDA (make gpu-check; costs host time)"),
+    )
+    checkpoint: CallbacksCheckpointSchema | None = field(
+        default_factory=CallbacksCheckpointSchema, metadata=_about("null: no checkpoints")
+    )
+
+
+@dataclass
+class TrainerSchema:
+    """trainer."""
+
+    accelerator: Any = field(default=_ref("${hardware.accelerator}"), metadata=_about(""))
+    devices: Any = field(default=_ref("${hardware.devices}"), metadata=_about(""))
+    num_nodes: int = field(default=1, metadata=_about(""))
+    max_epochs: int = field(default=_ref("${recipe.epochs}"), metadata=_about(""))
+    max_steps: int = field(
+        default=-1,
+        metadata=_about("stop after N optimizer steps (-1: no limit); the LR schedule still spans recipe.epochs"),
+    )
+    sync_batchnorm: bool = field(
+        default=False,
+        metadata=_about("true: timm's SyncBatchNorm conversion (keeps EfficientNet's BN+SiLU); GPUs only"),
+    )
+    gradient_clip_val: float | None = field(default=None, metadata=_about(""))
+    log_every_n_steps: int = field(default=50, metadata=_about(""))
+    limit_train_batches: Any = field(default=None, metadata=_about(""))
+    limit_val_batches: Any = field(default=None, metadata=_about(""))
+    check_val_every_n_epoch: int | None = field(default=1, metadata=_about(""))
+    num_sanity_val_steps: int = field(default=0, metadata=_about(""))
+    enable_progress_bar: bool = field(default=True, metadata=_about(""))
+    enable_model_summary: bool = field(default=True, metadata=_about(""))
+    strategy: str = field(
+        default="auto",
+        metadata=_about("auto: ddp when devices x nodes > 1 (find_unused_parameters off); or any Lightning strategy"),
+    )
+    min_epochs: int | None = field(default=None, metadata=_about(""))
+    min_steps: int | None = field(default=None, metadata=_about(""))
+    max_time: Any = field(default=None, metadata=_about(""))
+    gradient_clip_algorithm: Any = field(default=None, metadata=_about(""))
+    limit_test_batches: Any = field(default=None, metadata=_about(""))
+    limit_predict_batches: Any = field(default=None, metadata=_about(""))
+    overfit_batches: float = field(default=0.0, metadata=_about(""))
+    val_check_interval: float | None = field(default=None, metadata=_about(""))
+    fast_dev_run: Any = field(default=False, metadata=_about(""))
+    benchmark: Any = field(default=None, metadata=_about(""))
+    inference_mode: bool = field(default=True, metadata=_about(""))
+    profiler: Any = field(default=None, metadata=_about(""))
+    detect_anomaly: bool = field(default=False, metadata=_about(""))
+    barebones: Any = field(default=False, metadata=_about(""))
+    reload_dataloaders_every_n_epochs: int = field(default=0, metadata=_about(""))
+    enable_autolog_hparams: bool = field(default=True, metadata=_about(""))
+    model_registry: Any = field(default=None, metadata=_about(""))
+
+
+# Group -> its schema (train.yaml's order; "" is train.yaml's own keys).
+GROUPS: dict[str, type] = {
+    "": TrainSchema,
+    "model": ModelSchema,
+    "precision": PrecisionSchema,
+    "hardware": HardwareSchema,
+    "recipe": RecipeSchema,
+    "data": DataSchema,
+    "logger": LoggerSchema,
+    "callbacks": CallbacksSchema,
+    "trainer": TrainerSchema,
+}
+
+
+def keys(schema: type, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> its dataclass field, every leaf and nested block of a schema (a nested block's own key too)."""
+    found: dict[str, Any] = {}
+    for f in fields(schema):
+        found[prefix + f.name] = f
+        nested = _nested(f)
+        if nested is not None:
+            found.update(keys(nested, f"{prefix}{f.name}."))
+    return found
+
+
+def _nested(f: Any) -> type | None:
+    """The dataclass of a nested block (its default factory makes one, or its type names one of this module)."""
+    if f.default_factory is not _NO_DEFAULT and is_dataclass(f.default_factory):
+        return f.default_factory
+    name = str(f.type).removesuffix(" | None")
+    found = globals().get(name)
+    return found if isinstance(found, type) and is_dataclass(found) else None
+
+
+def defaults(group: str) -> dict[str, Any]:
+    """The schema's default of every key of a group that has one (not MISSING): what a checkpoint written before a
+    key existed gets for it."""
+    values = OmegaConf.to_container(OmegaConf.structured(GROUPS[group]))
+    assert isinstance(values, dict)
+    return {str(k): v for k, v in values.items() if v != MISSING}
+
+
+def register() -> None:
+    """GROUP/_schema in Hydra's ConfigStore: the base a group option names first in its defaults list."""
+    store = ConfigStore.instance()
+    for group, schema in GROUPS.items():
+        if group:
+            store.store(group=group, name="_schema", node=schema)
