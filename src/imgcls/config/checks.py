@@ -236,6 +236,7 @@ PRECISION: dict[str, Check] = {
 }
 HARDWARE: dict[str, Check] = {
     "hardware.name": anything,
+    "hardware.auto": anything,  # why hardware=auto chose the profile (config/hardware.py), kept in config.yaml
     "hardware.accelerator": anything,
     "hardware.devices": anything,  # an int, "auto" or a device list: run/plan.py world_size_of checks it
     "hardware.num_workers": COUNT,
