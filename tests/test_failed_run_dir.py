@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from imgcls.errors import TrainingError, UserError
-from imgcls.run.train import HYDRA_ENTRIES, made_for_this_train_run, remove_failed_train_dir, run
+from imgcls.run.rundir import HYDRA_ENTRIES, made_by_hydra_for
+from imgcls.run.train import remove_failed_train_dir, run
 from tests import warm_python
 from tests.conftest import ROOT, compose_config, tiny_overrides
 
@@ -77,15 +78,15 @@ def test_a_run_that_made_a_step_keeps_its_run_dir(tmp_path: Path, image_folder: 
 
 def test_only_a_dir_of_hydras_files_is_this_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fresh = _hydra_made(tmp_path / "fresh")
-    assert made_for_this_train_run(fresh, "train")
-    assert not made_for_this_train_run(fresh, "demo")  # demo.log would be its log, train.log someone else's
+    assert made_by_hydra_for(fresh, "train")
+    assert not made_by_hydra_for(fresh, "demo")  # demo.log would be its log, train.log someone else's
     resumed = _hydra_made(tmp_path / "resumed")
     (resumed / "checkpoints").mkdir()
     (resumed / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert not made_for_this_train_run(resumed, "train")
-    assert not made_for_this_train_run(tmp_path / "bare", "train")  # no .hydra/: not made by Hydra for this run
+    assert not made_by_hydra_for(resumed, "train")
+    assert not made_by_hydra_for(tmp_path / "bare", "train")  # no .hydra/: not made by Hydra for this run
     monkeypatch.chdir(fresh)
-    assert not made_for_this_train_run(fresh, "train")  # hydra.run.dir=.: the current dir is never removed
+    assert not made_by_hydra_for(fresh, "train")  # hydra.run.dir=.: the current dir is never removed
     monkeypatch.chdir(tmp_path)
     (fresh / "checkpoints").mkdir()
     (fresh / "checkpoints" / "epoch_0001.ckpt").write_bytes(b"")  # written by the run after the start

@@ -111,39 +111,44 @@ def check_run_files_are_ours(run_dir: str | Path) -> None:
             )
 
 
-# Hydra's job files in a run dir's .hydra/ (rank 0: conf/hydra/default.yaml).
-HYDRA_JOB_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+# What Hydra writes into a run dir before the task starts (rank 0: conf/hydra/default.yaml), besides TASK.log.
+HYDRA_ENTRIES = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
 
 
-def discard_failed_run(run_dir: str | Path, task: str) -> bool:
-    """After a user error: a run dir that holds nothing but what Hydra wrote when the run started (.hydra/ and
-    TASK.log) never got to its work (train.py writes config.yaml before its first step, evaluate eval.json at its
-    end), and a dozen mistakes should not leave a dozen such dirs: it is removed, its log file closed first. A dir
-    with anything else (a checkpoint, config.yaml, a logger's files; the user's own files: hydra.run.dir=.) is left
-    as it is. True when removed."""
+def made_by_hydra_for(run_dir: str | Path, task: str) -> bool:
+    """Whether run_dir holds nothing but what Hydra wrote when this command started (.hydra/ and TASK.log): a run
+    that fails now never got to its work (train.py writes config.yaml before its first step, evaluate eval.json at
+    its end). A resumed run's dir (checkpoints, config.yaml), a logger's files and hydra.run.dir=. (the user's own
+    files; the current dir) are not."""
     run_dir = Path(run_dir)
-    if run_dir.is_symlink() or not run_dir.is_dir() or run_dir.resolve() == Path.cwd().resolve():
+    if run_dir.is_symlink() or not (run_dir / ".hydra").is_dir() or run_dir.resolve() == Path.cwd().resolve():
         return False
-    names = set(os.listdir(run_dir))
-    hydra = run_dir / ".hydra"
-    if not names <= {".hydra", f"{task}.log"}:
-        return False
-    if ".hydra" in names and (
-        hydra.is_symlink() or not hydra.is_dir() or not set(os.listdir(hydra)) <= HYDRA_JOB_FILES
-    ):
-        return False
-    # The log file's handler (Hydra's, on the root logger) goes first: a later record would write into a removed dir.
+    entries = {path.relative_to(run_dir).as_posix() for path in run_dir.rglob("*")}
+    return entries <= HYDRA_ENTRIES | {f"{task}.log"}
+
+
+def remove_run_dir(run_dir: str | Path) -> bool:
+    """Remove a failed run's dir (the caller decided it is the run's own: made_by_hydra_for), and the outputs/TASK/
+    folders above it that it leaves empty, up to the current dir: a dozen mistakes should not leave a dozen dirs.
+    Its log file's handler (Hydra's, on the root logger) is closed first: a later record would reopen the file in a
+    removed dir. True when removed."""
+    run_dir = Path(run_dir)
     root = logging.getLogger()
     for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(run_dir.resolve()):
             handler.close()
             root.removeHandler(handler)
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
-    while parent != cwd and parent.is_relative_to(cwd):  # outputs/TASK/ and outputs/ that are left empty
+    while parent != cwd and parent.is_relative_to(cwd):
         try:
             parent.rmdir()
         except OSError:  # not empty: other runs are in it
             break
         parent = parent.parent
     return not run_dir.exists()
+
+
+def discard_failed_run(run_dir: str | Path, task: str) -> bool:
+    """After a user error, the run dir Hydra made for this command, if it holds nothing else. True when removed."""
+    return made_by_hydra_for(run_dir, task) and remove_run_dir(run_dir)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from imgcls.quantization.calibration import calibration_batches
 from imgcls.redaction import redact
 from imgcls.run.loggers import build_loggers, close_loggers
 from imgcls.run.plan import resolve_plan
-from imgcls.run.rundir import check_run_files_are_ours
+from imgcls.run.rundir import check_run_files_are_ours, made_by_hydra_for, remove_run_dir
 from imgcls.run.trainer import build_trainer
 from imgcls.seeding import seed_for_init
 from imgcls.storage import write_atomic
@@ -66,40 +65,17 @@ def _may_remove_run_dir(cfg: DictConfig) -> bool:
     dir (the sweep's results table reads each job's exit code from it); ranks other than 0 never remove it."""
     if not is_rank_zero() or HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return False
-    return made_for_this_train_run(cfg.run_dir, str(cfg.task_name))
-
-
-# What Hydra writes into a run dir before the task starts (rank 0: conf/hydra/default.yaml), besides TASK.log.
-HYDRA_ENTRIES = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
-
-
-def made_for_this_train_run(run_dir: str | Path, task_name: str) -> bool:
-    """Whether Hydra made run_dir for this launch: it holds .hydra/ and nothing but Hydra's files and the log
-    (a resumed run's dir holds its checkpoints and config.yaml, hydra.run.dir=. the user's own files). Read when the
-    run starts, before the run writes anything: remove_failed_train_dir may then remove the dir."""
-    run_dir = Path(run_dir)
-    if run_dir.is_symlink() or not (run_dir / ".hydra").is_dir() or run_dir.resolve() == Path.cwd().resolve():
-        return False
-    entries = {path.relative_to(run_dir).as_posix() for path in run_dir.rglob("*")}
-    return entries <= HYDRA_ENTRIES | {f"{task_name}.log"}
+    return made_by_hydra_for(cfg.run_dir, str(cfg.task_name))
 
 
 def remove_failed_train_dir(run_dir: str | Path) -> bool:
     """Remove the run dir of a train run that stopped before its first optimizer step, which Hydra made for it
-    (both for the caller to know: made_for_this_train_run), so that a mistake leaves no dir behind. A checkpoint or
-    a report.json in it keeps it whole. True when removed."""
-    run_dir = Path(run_dir)
+    (made_by_hydra_for, read when the run started). A checkpoint or a report.json written since keeps it whole. True
+    when removed."""
     for _, _, files in os.walk(run_dir):
         if any(name.endswith(".ckpt") or name == "report.json" for name in files):  # a run that got somewhere
             return False
-    # The log file is this run's: its handler is closed first, so that no later record reopens it in a removed dir.
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(run_dir.resolve()):
-            handler.close()
-            root.removeHandler(handler)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return not run_dir.exists()
+    return remove_run_dir(run_dir)
 
 
 def _train(cfg: DictConfig, started: _Started) -> dict[str, float]:
