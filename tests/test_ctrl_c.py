@@ -186,3 +186,38 @@ def test_forked_processes_leave_ctrl_c_to_the_run(tmp_path: Path) -> None:
     result = warm_python.run([script], timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["7", "None"]  # the child went on, unsignalled; the parent got nothing
+
+
+# A command whose start-up (check_command_line, which every command runs first) gets a real SIGINT from the
+# terminal: the default handler raises KeyboardInterrupt there, as it would anywhere before training starts.
+INTERRUPTED_AT_START = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+import imgcls.cli as cli
+real_check = cli.check_command_line
+def check_command_line(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)  # the signal lands in this sleep
+    return real_check(*args, **kwargs)
+cli.check_command_line = check_command_line
+sys.argv = [{program!r}, *sys.argv[1:]]
+getattr(cli, sys.argv.pop(1))()
+"""
+
+
+@pytest.mark.parametrize("command", ["train_main", "evaluate_main", "classify_main", "export_main"])
+def test_ctrl_c_before_training_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
+    """Ctrl-C while a command starts (or while evaluate, classify or export run: nothing of theirs saves on a
+    signal) ends in one line and exit 130, not a KeyboardInterrupt traceback."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED_AT_START.format(root=str(ROOT), program=str(ROOT / "train.py")))
+    result = subprocess.run(
+        [sys.executable, str(script), command, "ckpt=none.ckpt"], cwd=tmp_path, env=clean_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == ["imgcls: error: interrupted (Ctrl-C) before anything was saved"]

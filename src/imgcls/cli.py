@@ -6,6 +6,7 @@ and the `imgcls-*` console scripts all end up here. Nothing in imgcls imports th
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -344,6 +345,22 @@ def _checked_run(target: str, cfg: DictConfig, table: dict[str, Check]) -> Any:
     return _function(target)(cfg)
 
 
+def interruptible(main: Callable[[], None]) -> Callable[[], None]:
+    """Ctrl-C where no run is saving (start-up, evaluate, classify, export): one line and exit 130 (128 + SIGINT, as
+    a shell reports it), never a traceback. During training imgcls's own handler saves first
+    (callbacks/preemption.py); a KeyboardInterrupt reaches here only outside it."""
+
+    @functools.wraps(main)
+    def wrapped() -> None:
+        try:
+            main()
+        except KeyboardInterrupt:
+            fail("interrupted (Ctrl-C) before anything was saved", 130)
+
+    return wrapped
+
+
+@interruptible
 def train_main() -> None:
     check_command_line("train", TRAIN)
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
@@ -357,11 +374,13 @@ def train_main() -> None:
         fail(f"{len(lines)} sweep job(s) failed: " + "; ".join(lines), max(code for _, code in SWEEP_FAILURES))
 
 
+@interruptible
 def evaluate_main() -> None:
     check_command_line("evaluate", EVALUATE)
     _evaluate()
 
 
+@interruptible
 def classify_main() -> None:
     # `--json` as well as Hydra's json=true: the flag scripts expect.
     sys.argv = [a if a != "--json" else "json=true" for a in sys.argv]
@@ -390,6 +409,7 @@ def with_positional_paths(cfg: DictConfig, paths: list[str]) -> None:
         cfg.images = [*map(str, given), *paths]
 
 
+@interruptible
 def export_main() -> None:
     check_command_line("export")
     _export()
