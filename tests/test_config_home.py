@@ -17,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
+from imgcls.config import schema as group_schema
 from imgcls.config.checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
 from imgcls.config.compose import CONF_DIR, options
 from imgcls.config.reference import read_yaml_keys, reference
@@ -183,15 +184,16 @@ def test_the_modes_a_table_allows_are_the_modes_the_command_runs(table: dict, mo
 
 
 @pytest.mark.parametrize("group", ["model", "recipe"])
-def test_every_option_of_a_group_starts_from_its_base(group: str) -> None:
-    """conf/GROUP/_base.yaml is the one home of the optional keys' off values (module.py's defaults for a checkpoint
-    written before a key existed): every option of the group has each of its keys."""
-    base = OmegaConf.load(CONF_DIR / group / "_base.yaml")
+def test_every_option_of_a_group_starts_from_its_schema(group: str) -> None:
+    """config/schema.py's dataclass is the one home of a group's defaults (module.py's defaults for a checkpoint
+    written before a key existed): every option of the group extends it, so it has each of its keys."""
     defaults = {"model": MODEL_DEFAULTS, "recipe": RECIPE_DEFAULTS}[group]
-    assert defaults == OmegaConf.to_container(base) and defaults
+    assert defaults == group_schema.defaults(group) and defaults
     for option in options(group):
         composed = compose_config([f"{group}={option}"])[group]
-        assert set(base) <= set(composed), f"{group}={option} lacks {sorted(set(base) - set(composed))}"
+        extends = OmegaConf.get_type(composed) is group_schema.GROUPS[group]
+        assert extends, f"{group}={option} does not extend its schema"
+        assert set(defaults) <= set(composed), f"{group}={option} lacks {sorted(set(defaults) - set(composed))}"
 
 
 def test_docs_config_keys_is_the_reference_the_schema_generates() -> None:

@@ -1,15 +1,14 @@
 """Every value of the resolved config checked once, up front, against one schema per config group (MODEL, RECIPE,
 DATA, ...: key -> allowed values).
 
-Choice, for now: checked tables, not yet Hydra structured configs. Hydra's own pattern (its "Structured Configs"
-schema tutorial) is one dataclass per config group in the ConfigStore that every YAML option of the group extends
-(`defaults: [<schema>, _self_]`): the options stay YAML, so it takes one dataclass per group, not one per option
-(a hardware profile's batch table is one typed mapping field). That migration is pending; OmegaConf would then
-refuse unknown keys and wrong types itself, and the ranges and cross-key rules below would check typed objects.
-Until then the tables name every key of the shipped configs with its type and range;
+Types and defaults are config/schema.py's: one dataclass per config group in Hydra's ConfigStore (its "Structured
+Configs" schema pattern), which the model and recipe options extend (`defaults: [_schema, _self_]`), so OmegaConf
+refuses a wrong type there. The ranges and cross-key rules are here; the tables name every key of the shipped
+configs with its range;
 tests/test_config_checks.py composes every group option and fails when a key is missing from them, so a new key
-cannot slip past unchecked. Defaults live in conf/ only (an optional key's "off"
-value in conf/GROUP/_base.yaml), and docs/config-keys.md is generated from both (imgcls.config.reference). Runtime
+cannot slip past unchecked; tests/test_schema.py fails when a table and config/schema.py's dataclasses name different
+keys. Defaults live in config/schema.py (the group's dataclass, which its options extend) and conf/ (the values an
+option sets), and docs/config-keys.md is generated from them (imgcls.config.reference). Runtime
 code trusts what is checked here: tests/test_config_home.py lists every other `raise ConfigError` and why it
 cannot be checked up front. The tables are also what a `+KEY=...` on the command line
 may add (imgcls.config.overrides refuses any other key, with a did-you-mean): a key of another group option
@@ -217,7 +216,7 @@ MODEL: dict[str, Check] = {
     "model.weights": anything,
     "model.channels_last": boolean,
     "model.se_width": integer(1, null=True),  # SE-ResNe(X)t: null = C/16 (paper, TF1); 16 = NVIDIA PyTorch
-    "model.wide_se": boolean,  # EfficientNet: NVIDIA's widese SE (0.25 x the expanded channels)
+    "model.wide_se": or_null(boolean),  # EfficientNet: NVIDIA's widese SE (0.25 x the expanded channels); null: none
 }
 PRECISION: dict[str, Check] = {
     "precision.name": anything,
@@ -283,11 +282,12 @@ RECIPE: dict[str, Check] = {
     # stage-wise recipes (recipe/tf2_efficientnet_stagewise: TF2 --n_stages, --base_img_size, --base_randaug_mag),
     # read through data.progressive
     "recipe.stagewise": boolean,
-    "recipe.stages": POSITIVE,
+    "recipe.stages": POSITIVE_OR_NULL,
     "recipe.base_image_size": POSITIVE,
-    "recipe.base_randaug_magnitude": integer(0),
+    "recipe.base_randaug_magnitude": integer(0, null=True),
     "recipe.randaugment": anything,  # a timm RandAugment string: data/augment.py parses it
     # recipe=qat (quantization/qat.py): fake INT8 quantizers calibrated on these training images
+    "recipe.qat": anything,  # null (every recipe but qat's) or the settings below
     "recipe.qat.calibration_images": POSITIVE,
     "recipe.qat.calibration_batch_size": POSITIVE,
     "recipe.qat.seed": integer(0),
@@ -647,6 +647,8 @@ def _shown(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # a float field holds recipe.lr_per_256=-1 as -1.0 (config/schema.py): say it as typed
     return str(value)
 
 

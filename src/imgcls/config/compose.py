@@ -13,6 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from imgcls.config import schema
 from imgcls.config.published import resolve as published
 from imgcls.distributed import is_rank_zero
 from imgcls.errors import ConfigError
@@ -62,6 +63,7 @@ def register_resolvers() -> None:
 
 
 register_resolvers()
+schema.register()  # GROUP/_schema, the base every option of a group names first (config/schema.py)
 
 
 def compose_config(config_name: str, overrides: list[str]) -> DictConfig:

@@ -12,6 +12,7 @@ holds every lightning.Trainer argument already (tests/test_trainer_args.py), so 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 from collections.abc import Iterable
@@ -23,10 +24,11 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from imgcls.config.checks import SET_BY_IMGCLS, Check, closest, known, names_at
+from imgcls.config import schema
+from imgcls.config.checks import SET_BY_IMGCLS, Check, closest, known, names_at, rule_for
 from imgcls.config.compose import CONF_DIR, options
 from imgcls.config.hardware import refuse_auto_on_a_cluster_launcher
 from imgcls.errors import ConfigError
@@ -83,9 +85,11 @@ def check_command_line(config_name: str, argv: list[str], table: dict[str, Check
     for override in parsed:
         if not _is_group(override) and (whole := _set_whole(cfg, override)) is not None:
             raise ConfigError(whole)
+        if table is not None and (added := _added_to_a_schema_group(cfg, override, table)) is not None:
+            raise ConfigError(added)
     for override in additions:
         exists = _find(cfg, override.key_or_group)
-        if override.is_add() and exists:
+        if override.is_add() and exists and not _schema_null(cfg, override.key_or_group):
             raise ConfigError(
                 f"{override.input_line}: {override.key_or_group} is already a key; set it without the +: "
                 f"{_line(override).lstrip('+')}"
@@ -247,11 +251,57 @@ def _set_whole(cfg: DictConfig, override: Override) -> str | None:
     return None
 
 
+def _added_to_a_schema_group(cfg: DictConfig, override: Override, table: dict[str, Check]) -> str | None:
+    """`GROUP.KEY=VALUE` of a key no table has, in a group whose options extend its schema (config/schema.py): that
+    node is not struct (a YAML typo reaches config.checks, which names the file), so Hydra added the key."""
+    key = override.key_or_group
+    if _is_group(override) or _is_hydra(override) or override.is_add() or override.is_force_add():
+        return None
+    if override.is_delete() or known(key, table):
+        return None
+    group = cfg.get(key.split(".")[0])
+    if not isinstance(group, DictConfig) or OmegaConf.get_type(group) not in schema.GROUPS.values():
+        return None
+    without = copy.deepcopy(cfg)  # the config as a struct group would have left it: the did-you-mean's levels
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(without, parent)
+    if isinstance(node, DictConfig) and name in node:
+        with open_dict(node):
+            del node[name]
+    return _unknown_key(without, override, table)
+
+
+def _schema_null(cfg: DictConfig, key: str) -> bool:
+    """A null key of a group's schema (config/schema.py): one only some of the group's options set (model.se_width),
+    which `+KEY=` adds where the option leaves it out, as Hydra does for a null."""
+    group = cfg.get(key.split(".")[0])
+    typed = isinstance(group, DictConfig) and OmegaConf.get_type(group) in schema.GROUPS.values()
+    return typed and OmegaConf.select(cfg, key, throw_on_resolution_failure=False) is None
+
+
+def _value_error(parsed: list[Override], exc: Exception, table: dict[str, Check] | None) -> str | None:
+    """`KEY=VALUE must be ALLOWED` for a value the schema's type refuses (OmegaConf's ValidationError under Hydra's
+    "Error merging override"): the line a value of the right type outside its range gets (config.checks)."""
+    cause = exc.__cause__
+    if table is None or not isinstance(cause, ValidationError):
+        return None
+    key = str(getattr(cause, "full_key", "") or "").split("[")[0]  # a list's item: recipe.lr_milestones[0]
+    override = next((o for o in parsed if o.key_or_group == key and not _is_group(o)), None)
+    check = rule_for(key, table)
+    if override is None or check is None:
+        return None
+    value = _line(override).split("=", 1)[1]
+    allowed = check(override.value()) or check(object())
+    return f"{key}={value} must be {allowed}" if allowed else None
+
+
 def _composition_error(
     config_name: str, parsed: list[Override], exc: Exception, table: dict[str, Check] | None, multirun: bool
 ) -> str:
     """One line for Hydra's refusal: the key override it failed on (checked against the config its group
     choices compose), an unknown choice of a group of Hydra's own, or Hydra's message on one line."""
+    if (bad_value := _value_error(parsed, exc, table)) is not None:
+        return bad_value
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
         group, _, value = exc.missing_cfg_file.rpartition("/")
         return _unknown_choice(group, value, sorted(exc.options))

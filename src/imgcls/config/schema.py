@@ -135,7 +135,7 @@ class ModelSchema:
             source='1/32768 (NVIDIA PYT/resnet50v1.5/README "Optimizer")',
         ),
     )
-    lr_per_256: float | None = field(default=MISSING, metadata=_about("null = the recipe's value"))
+    lr_per_256: float | None = field(default=None, metadata=_about("null = the recipe's value"))
     batch_profile: str = field(default=MISSING, metadata=_about(""))
     batch_divisor: int = field(default=1, metadata=_about(""))
     weights: Any = field(
@@ -290,7 +290,7 @@ class RecipeSchema:
         ),
     )
     lr: float | None = field(
-        default=MISSING,
+        default=None,
         metadata=_about(
             "an absolute peak LR instead of lr_per_256 x global batch / 256 (NVIDIA --lr)",
             source="an absolute peak LR instead of lr_per_256 x global batch / 256 (NVIDIA --lr)",
@@ -335,14 +335,14 @@ class RecipeSchema:
         ),
     )
     global_batch_size: int | None = field(
-        default=MISSING,
+        default=None,
         metadata=_about(
             "null = hardware profile table (NVIDIA optimizer_batch_size)",
             source="null = hardware profile table (NVIDIA optimizer_batch_size)",
         ),
     )
     weight_decay: float | None = field(
-        default=MISSING,
+        default=None,
         metadata=_about("null = the hardware row's value, else the model's (1/32768 RN50, 1/16384 RNXt)"),
     )
     weight_decay_on: str = field(
@@ -381,28 +381,28 @@ class RecipeSchema:
             source="PYT IC/autoaugment.py:12-42 (--augmentation autoaugment) is the v0 list, 250 px translate",
         ),
     )
-    autoaugment_ops: str | None = field(
-        default=None,
+    autoaugment_ops: str = field(
+        default="pytorch",
         metadata=_about(
-            "TF2 augment.py's ops as TensorFlow runs them: Posterize's shift clamped to 7, Solarize's 256 as uint8 0 (:326-330, :374-377); other recipes: pytorch",
-            source="TF2 augment.py's ops as TensorFlow runs them: Posterize's shift clamped to 7, Solarize's 256 as uint8 0 (:326-330, :374-377)",
+            "augment=autoaugment: whose Posterize, Solarize and Shear run the policy: pytorch (NVIDIA PYT autoaugment.py, PIL) | tf2 (NVIDIA TF2 augment.py as TensorFlow runs it)",
+            source="PYT IC/autoaugment.py; TF2 dataloader/augment.py",
         ),
     )
     interpolation: str = field(
         default=MISSING, metadata=_about("configs.yml resnet_params", source="configs.yml resnet_params")
     )
-    train_crop: str | None = field(
-        default=None,
+    train_crop: str = field(
+        default="random_resized",
         metadata=_about(
-            "TF1 sample_distorted_bounding_box (TF1/utils/image_processing.py:52-61), data/tf_crop.py",
-            source="TF1 sample_distorted_bounding_box (TF1/utils/image_processing.py:52-61), data/tf_crop.py",
+            "random_resized: torchvision's RandomResizedCrop (DALI: its random crop) | tf: TF's sample_distorted_bounding_box (data/tf_crop.py)",
+            source="TF1/utils/image_processing.py:52-61",
         ),
     )
-    train_crop_object_boxes: bool | None = field(
-        default=None,
+    train_crop_object_boxes: bool = field(
+        default=False,
         metadata=_about(
-            "TF1 passes the records' ImageNet object boxes (image_processing.py:33-43, :147)",
-            source="TF1 passes the records' ImageNet object boxes (image_processing.py:33-43, :147)",
+            "train_crop=tf: crop around the TFRecords' object boxes (TF1 image_processing.py:33-43); false: the whole image",
+            source="TF1/utils/image_processing.py:33-43",
         ),
     )
     ema_decay: float | None = field(
@@ -422,36 +422,36 @@ class RecipeSchema:
             source="with ema_dynamic_decay: how t counts steps. pytorch: t = 0 at the first update (PYT/image_classification/training.py:226, models/common.py:196-200); tf2: t = 1, float32 (TF2/utils/optimizer_factory.py:149-153, :195-202)",
         ),
     )
-    stagewise: bool | None = field(
-        default=None,
+    stagewise: bool = field(
+        default=False,
         metadata=_about(
-            "TF2 --n_stages > 1 (turns data.progressive on with the stage schedule)",
-            source="TF2 --n_stages > 1 (turns data.progressive on with the stage schedule)",
+            "stage-wise training (TF2 --n_stages > 1): turns data.progressive on with the stage schedule",
+            source="TF2 --n_stages",
         ),
     )
     stages: int | None = field(
         default=None,
         metadata=_about(
-            "TF2 --n_stages (v2-S script 4; TF2 default 1 = no stages)",
-            source="TF2 --n_stages (v2-S script 4; TF2 default 1 = no stages)",
+            "stage-wise: the number of stages (TF2 --n_stages); null: a linear ramp", source="TF2 --n_stages"
         ),
     )
-    base_image_size: int | None = field(
-        default=None,
+    base_image_size: int = field(
+        default=160,
         metadata=_about(
-            "TF2 --base_img_size default 128 (v2-S 128): stage sizes ramp from here",
-            source="TF2 --base_img_size default 128 (v2-S 128): stage sizes ramp from here",
+            "progressive resizing: the first epoch's or stage's image size (FFCV rn50 min_res 160; TF2 --base_img_size 128)",
+            source="TF2 --base_img_size",
         ),
     )
     base_randaug_magnitude: int | None = field(
         default=None,
         metadata=_about(
-            "TF2 --base_randaug_mag default 5: the first stage's RandAugment magnitude",
-            source="TF2 --base_randaug_mag default 5: the first stage's RandAugment magnitude",
+            "stage-wise: the first stage's RandAugment magnitude (TF2 --base_randaug_mag); null: data.randaugment's throughout",
+            source="TF2 --base_randaug_mag",
         ),
     )
-    randaugment: str | None = field(
-        default=None, metadata=_about("v2-S --raug_magnitude 15 --raug_num_layers 2 (timm's policy string)")
+    randaugment: str = field(
+        default="rand-m9-mstd0.5",
+        metadata=_about("timm RandAugment policy string used when augment=randaugment"),
     )
     qat: RecipeQatSchema | None = field(
         default=None,
@@ -906,4 +906,9 @@ def register() -> None:
     store = ConfigStore.instance()
     for group, schema in GROUPS.items():
         if group:
-            store.store(group=group, name="_schema", node=schema)
+            node = OmegaConf.structured(schema)
+            # Not struct: a key the schema lacks composes, so that config.checks refuses it in one line naming the
+            # file that wrote it and the key meant (Hydra would stop at the first with a traceback-style message).
+            # The command line's `GROUP.KEY=` of such a key is refused before (config.overrides).
+            OmegaConf.set_struct(node, False)
+            store.store(group=group, name="_schema", node=node)

@@ -12,20 +12,18 @@ from typing import Any, cast
 import lightning as L
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
-from omegaconf import OmegaConf
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from imgcls.config.compose import CONF_DIR
+from imgcls.config import schema
 from imgcls.models import build_network
 from imgcls.training.ema import ModelEma
 from imgcls.training.mixup import DeviceMixup
 from imgcls.training.optimizer import build_optimizer, parameter_groups
 from imgcls.training.scheduler import recipe_scheduler
-from imgcls.typed_config import to_dict
 
 
 class ClassificationModule(L.LightningModule):
@@ -289,14 +287,10 @@ class ClassificationModule(L.LightningModule):
             checkpoint[qat.STATE_KEY] = qat.quantizer_state(self.net)
 
 
-def _group_defaults(group: str) -> dict[str, Any]:
-    """conf/GROUP/_base.yaml: the optional keys of a model or recipe config with the values that leave their feature
-    off. A checkpoint written before a key existed gets that value; required keys have none."""
-    return to_dict(OmegaConf.load(CONF_DIR / group / "_base.yaml"))
-
-
-MODEL_DEFAULTS: dict[str, Any] = _group_defaults("model")
-RECIPE_DEFAULTS: dict[str, Any] = _group_defaults("recipe")
+# The schema's defaults (config/schema.py): what a checkpoint written before a key existed gets for it; a required
+# key has none.
+MODEL_DEFAULTS: dict[str, Any] = schema.defaults("model")
+RECIPE_DEFAULTS: dict[str, Any] = schema.defaults("recipe")
 
 
 class _ns(dict):
