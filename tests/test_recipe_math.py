@@ -55,10 +55,11 @@ def _lr_curve(
     schedule: str = "cosine",
     epochs: int | None = None,
     per_epoch: bool = False,
+    milestones: tuple[float, ...] = (),
 ) -> list[float]:
     net = torch.nn.Linear(2, 2)
     opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.875, nesterov=False), base)
-    sched = build_scheduler(opt, total, warmup, end, schedule, epochs=epochs)
+    sched = build_scheduler(opt, total, warmup, end, schedule, milestones, epochs=epochs)
     if per_epoch:  # recipe.lr_interval=epoch
         sched = EpochStartLR(sched, total // epochs, warmup * epochs // total)
     lrs = [opt.param_groups[0]["lr"]]
@@ -185,7 +186,7 @@ def test_mixup_targets_are_smoothed_convex_combinations() -> None:
 def test_step_schedule_divides_by_ten_at_nvidias_epochs_30_60_80() -> None:
     # NVIDIA lr_step_policy (--lr-schedule step): warmup, then x0.1 at epochs 30, 60 and 80 (absolute epochs).
     total, warmup = 900, warmup_steps(900, 90, 8)
-    lrs = _lr_curve(total, warmup, schedule="step", epochs=90)
+    lrs = _lr_curve(total, warmup, schedule="step", epochs=90, milestones=(30, 60, 80))  # recipe/90e.yaml's
     assert lrs[40] == pytest.approx(2.048 * 40 / 80) and lrs[80] == pytest.approx(2.048)
     assert lrs[299] == pytest.approx(2.048) and lrs[300] == pytest.approx(0.2048)
     assert lrs[599] == pytest.approx(0.2048) and lrs[600] == pytest.approx(0.02048)

@@ -163,7 +163,7 @@ def _parts(cfg: DictConfig, total_steps: int, imgcls_optimizer: bool = False) ->
     fused = imgcls_optimizer or recipe.optimizer == "sgd"
     groups = parameter_groups(net, plan.weight_decay, str(recipe.weight_decay_on))
     optimizer = build_optimizer(groups, recipe, plan.lr, fused=fused)
-    scheduler = build_scheduler(optimizer, total_steps=total_steps, warmup_steps=0, end_lr=0.0)
+    scheduler = build_scheduler(optimizer, total_steps=total_steps, warmup_steps=0, end_lr=0.0, schedule="cosine")
     half = {"amp": torch.float16, "bf16": torch.bfloat16}.get(str(cfg.precision.name))
     if half is torch.float16 and device.type == "cpu" and not cfg.precision.get("cpu_fp16"):
         half = torch.bfloat16  # what imgcls runs for precision=amp on a CPU (imgcls.training.precision)

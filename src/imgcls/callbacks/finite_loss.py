@@ -47,14 +47,14 @@ class FiniteLoss(L.Callback):
     fp16 AMP (a GradScaler): a step whose gradients overflow is skipped by the scaler, which halves its
     scale. That is normal early in training, so it is counted (train.amp_skipped_steps in report.json, as of the
     last sync point), and only `max_consecutive_overflows` skipped steps in a row stop the run, with the unscaled
-    loss."""
+    loss (precision.max_consecutive_overflows; None: no loss scaler, so no step is skipped)."""
 
     def __init__(
         self,
         last_path: str | Path,
         report: ReportCallback | None = None,
         every_n_steps: int = SYNC_EVERY_N_STEPS,
-        max_consecutive_overflows: int = 10,
+        max_consecutive_overflows: int | None = None,
     ) -> None:
         self.last_path = Path(last_path)
         self.report = report
@@ -174,7 +174,9 @@ class FiniteLoss(L.Callback):
             runs = counts - torch.where(flags > 0, 0.0, counts).cummax(0).values
             longest = torch.maximum(runs.max(), self._run)
             self._run, self._skipped = runs[-1], self._skipped + flags.sum()
-        fault = ~finite | (longest >= self.max_consecutive_overflows)
+        fault = ~finite
+        if self.max_consecutive_overflows is not None:
+            fault = fault | (longest >= self.max_consecutive_overflows)
         if values is not None:
             fault = fault | ~torch.isfinite(values).all()
         summary = [fault.float(), finite.float(), last.detach().float().reshape(()).to(device), longest, self._skipped]
@@ -209,7 +211,7 @@ class FiniteLoss(L.Callback):
                 f"found at step {trainer.global_step}, nothing after step {step} was saved, {kept} (resume "
                 "with ckpt_path=last, e.g. with a lower recipe.lr_per_256)"
             )
-        if max_run >= self.max_consecutive_overflows:
+        if self.max_consecutive_overflows is not None and max_run >= self.max_consecutive_overflows:
             lr = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else math.nan
             raise TrainingError(
                 f"fp16 gradients overflowed{where} in {int(max_run)} optimizer steps in a row (precision."

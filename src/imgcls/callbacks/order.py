@@ -33,7 +33,7 @@ def data_args(cfg: DictConfig) -> list[str]:
     """The data overrides that evaluate.py needs to read this run's val split (a checkpoint names no data: a file
     from elsewhere must not choose what is read, run or fetched)."""
     args = [f"data.root={redact_url(str(cfg.data.root))}"]
-    if str(cfg.data.get("format") or "folder") != "folder":
+    if str(cfg.data.format) != "folder":
         args.append(f"data.format={cfg.data.format}")
     return args
 
@@ -45,7 +45,9 @@ def training_callbacks(
     report = ReportCallback(run_dir, command=run_command(Path(run_dir)))
     last = last_path(run_dir)
     validates = cfg.trainer.get("limit_val_batches") != 0  # 0: NVIDIA --training-only
-    overflows = int(cfg.precision.get("max_consecutive_overflows", 10))
+    # precision/amp.yaml's; the precisions without a loss scaler (fp32, tf32, bf16) skip no step and set none.
+    overflows = cfg.precision.get("max_consecutive_overflows")
+    overflows = None if overflows is None else int(overflows)
     every_n_steps = cfg.callbacks.get("log_every_n_steps")  # null: no progress lines
     lines = ProgressLines(int(cfg.recipe.epochs), int(every_n_steps)) if every_n_steps else None
     callbacks: list[L.Callback] = [

@@ -105,5 +105,5 @@ def wandb_media_callbacks(cfg: Any, classes: list[str]) -> list[L.Callback]:
     wandb_cfg = (cfg.logger or {}).get("wandb")
     if wandb_cfg is None:
         return []
-    images, max_classes = wandb_cfg.get("log_images", 16), wandb_cfg.get("confusion_max_classes", 100)
+    images, max_classes = int(wandb_cfg.log_images), int(wandb_cfg.confusion_max_classes)  # logger/wandb.yaml's
     return [WandbMedia(classes, list(cfg.data.mean), list(cfg.data.std), images, max_classes)]

@@ -26,8 +26,7 @@ def augment_policy(cfg: Any) -> str | None:
         return None
     if cfg.augment == "randaugment":
         return str(cfg.randaugment)
-    policy = cfg.get("autoaugment_policy", "v0")
-    return str(policy)
+    return str(cfg.autoaugment_policy)
 
 
 def _lut(img: Image.Image, table: list[int]) -> Image.Image:

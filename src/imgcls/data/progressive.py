@@ -79,9 +79,9 @@ def schedule_from_config(cfg: Any) -> ProgressiveSchedule | None:
     start_size = int(prog.start_size or end_size)
     total = int(prog.total_epochs)
     stages = int(prog.stages) if prog.get("stages") is not None else None
-    start_epoch = int(prog.get("start_epoch") or 0)
+    start_epoch = int(prog.start_epoch)
     end_epoch = int(prog.end_epoch) if prog.get("end_epoch") is not None else None
-    multiple = int(prog.get("multiple_of") or 1)
+    multiple = int(prog.multiple_of)
     start_mag = prog.get("start_magnitude")
     end_mag = None
     if start_mag is not None:

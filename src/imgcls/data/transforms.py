@@ -43,14 +43,14 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
         separate=True,
     )
     primary, secondary, final = (list(stage.transforms) for stage in stages)
-    if cfg.get("train_crop", "random_resized") == "tf":
+    if cfg.train_crop == "tf":
         primary[0] = TFDistortedCrop(size, crop_spec(cfg), interpolation=str(cfg.interpolation))
     if autoaugment:
         # Rotate, Shear and Translate sample the nearest pixel, as TF2 (augment.py:178-181) and NVIDIA PyTorch's
         # Rotate and Translate (IC/autoaugment.py:89-92, 113-118), not the resize's interpolation; NVIDIA PyTorch's
         # Shear is bicubic (:107-112), which with_nvidia_ops sets for data.autoaugment_ops=pytorch.
         hparams = autoaugment_hparams(size, Image.Resampling.NEAREST)
-        ops = str(cfg.get("autoaugment_ops") or "pytorch")
+        ops = str(cfg.autoaugment_ops)
         secondary = [with_nvidia_ops(auto_augment_transform(policy, hparams), ops)]
     return Compose(primary + secondary + final)
 

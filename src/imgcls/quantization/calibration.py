@@ -56,7 +56,7 @@ def calibration_dataset(data_cfg: DictConfig, preprocessing: dict, augment: bool
     """The train split of data_cfg.root under the val transform of `preprocessing` (augment: data_cfg's train
     transform), its files listed once (made_once: by global rank 0 under DDP, the others receive the compact
     list) in ImageFolder's order."""
-    fmt = str(data_cfg.get("format") or "folder")
+    fmt = str(data_cfg.format)
     if fmt != "folder":
         raise ConfigError(
             f"data.format={fmt}: calibration reads a folder dataset (ROOT/train/<class>/*); "
@@ -80,11 +80,11 @@ def calibration_batches(
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
     dataset = calibration_dataset(data_cfg, preprocessing, augment)
-    bad_images = BadImageLog(str(data_cfg.get("on_bad_image") or "skip"))
+    bad_images = BadImageLog(str(data_cfg.on_bad_image))
     order: list = spread_pick(dataset.files.targets.tolist(), seed)
     if augment:  # (index, augmentation seed): CheckedImageFolder runs the transform under that seed
         order = [(index, sample_seed(seed, 0, index)) for index in order]
-    workers = int(data_cfg.get("num_workers") or 0)
+    workers = int(data_cfg.num_workers)
     # The whole pick order, read in batch_size chunks until enough good images are there: a skipped bad file
     # is replaced by the next one of the pick, not by a short calibration.
     loader = DataLoader(

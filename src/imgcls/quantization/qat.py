@@ -22,19 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
+from imgcls.config.compose import CONF_DIR
 from imgcls.distributed import launcher_local_rank
 from imgcls.errors import ConfigError
 from imgcls.quantization.placement import add_quantizers, extra_quantizer_names, placement_of
 from imgcls.quantization.placement import describe as describe_placement
+from imgcls.typed_config import to_dict
 
 log = logging.getLogger(__name__)
 
@@ -200,25 +204,36 @@ def calibration_device() -> torch.device:
 def describe(run_config: dict[str, Any]) -> dict[str, Any]:
     """The "quantization" entry of a QAT network's exports (format=int8 writes the same key for PTQ)."""
     recipe = run_config.get("recipe") or {}
-    settings = recipe.get("qat") or {}
+    settings = stored_settings(recipe)
     return {
         "format": "onnx-qdq",
         "weights": "int8 symmetric per-channel",
         "activations": "int8 symmetric",
         "method": f"qat (recipe={recipe.get('name')}, {recipe.get('epochs')} epochs)",
-        "calibration_images": settings.get("calibration_images"),
-        "calibration_seed": settings.get("seed"),
-        "calibration_preprocessing": settings.get("calibration_preprocessing") or "val",
+        "calibration_images": settings["calibration_images"],
+        "calibration_seed": settings["seed"],
+        "calibration_preprocessing": settings["calibration_preprocessing"],
         "calibrator": _calibrator_name(settings),
-        "quantized": describe_placement(settings.get("quantizers") or "conv_linear"),
+        "quantized": describe_placement(settings["quantizers"]),
         "tool": "nvidia-modelopt",
     }
 
 
+def stored_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's recipe.qat over conf/recipe/qat.yaml's: a checkpoint written before a key existed ran with the
+    value that file gives it (the code's value then), so that file stays the one home of each default."""
+    return {**_qat_defaults(), **(recipe.get("qat") or {})}
+
+
+@functools.cache
+def _qat_defaults() -> dict[str, Any]:
+    return to_dict(OmegaConf.load(CONF_DIR / "recipe" / "qat.yaml").qat)
+
+
 def _calibrator_name(settings: dict[str, Any]) -> str:
-    if (settings.get("calibrator") or "max") == "max":
+    if settings["calibrator"] == "max":
         return "max"
-    return f"histogram, percentile {settings.get('percentile') or 99.99}"
+    return f"histogram, percentile {settings['percentile']}"
 
 
 def without_quantizers(net: nn.Module) -> nn.Module:

@@ -118,7 +118,7 @@ def _train(cfg: DictConfig, started: _Started) -> dict[str, float]:
                 qat.calibration_images,
                 qat.calibration_batch_size,
                 qat.seed,
-                augment=qat.get("calibration_preprocessing") == "train",
+                augment=qat.calibration_preprocessing == "train",
             )
         )
     if cfg.get("compile"):

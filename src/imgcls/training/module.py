@@ -124,11 +124,10 @@ class ClassificationModule(L.LightningModule):
         EMA copy, if any, is taken again so that it has them too."""
         from imgcls.quantization import qat
 
-        settings = self.recipe.get("qat") or {}
+        settings = self.recipe.qat  # a QAT recipe's (conf/recipe/qat.yaml); only train.py calls this, with it
         self.net = qat.quantize(
-            self.net, batches, qat.calibration_device(), calibrator=str(settings.get("calibrator") or "max"),
-            percentile=float(settings.get("percentile") or 99.99),
-            quantizers=str(settings.get("quantizers") or "conv_linear"),
+            self.net, batches, qat.calibration_device(), calibrator=str(settings["calibrator"]),
+            percentile=float(settings["percentile"]), quantizers=str(settings["quantizers"]),
         )  # fmt: skip
         if self.ema is not None:
             self.ema = self._averaged(self.ema.decay)

@@ -43,16 +43,13 @@ def recipe_steps(batches_per_epoch: int, accumulation: int, epochs: int) -> int:
     return max(1, math.ceil(batches_per_epoch / accumulation) * epochs)
 
 
-STEP_MILESTONES = (30, 60, 80)  # NVIDIA main.py lr_step_policy: x0.1 at these epochs (hard-coded there)
-
-
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
     warmup_steps: int,
     end_lr: float,
-    schedule: str = "cosine",
-    milestones: tuple[float, ...] = STEP_MILESTONES,
+    schedule: str,
+    milestones: tuple[float, ...] = (),
     epochs: int | None = None,
     decay_rate: float | None = None,
     decay_epochs: float | None = None,
@@ -80,6 +77,8 @@ def build_scheduler(
     if schedule == "linear":
         return PolyLRScheduler(optimizer, t_initial=decay_steps, power=1.0, lr_min=end_lr, warmup_prefix=True, **common)
     if schedule == "step":
+        if not milestones:  # recipe.lr_milestones (recipe/90e.yaml) is the one home of NVIDIA's epochs
+            raise ValueError("schedule 'step' needs milestones")
         steps_per_epoch = total_steps / max(1, epochs or 1)
         # +1: timm's MultiStep decays once t + 1 reaches a milestone (its epoch-end convention); here t counts
         # optimizer steps done, and the first step of epoch m must already run at the decayed LR.
@@ -135,13 +134,13 @@ def recipe_scheduler(optimizer: torch.optim.Optimizer, trainer: Any, recipe: Any
     epochs = int(recipe.epochs)
     total = total_steps(trainer, epochs)
     warmup = warmup_steps(total, epochs, float(recipe.warmup_epochs))
-    milestones = tuple(recipe.get("lr_milestones") or STEP_MILESTONES)
+    milestones = tuple(recipe.lr_milestones)
     rate, every = recipe.get("lr_decay_rate"), recipe.get("lr_decay_epochs")
     schedule = build_scheduler(
-        optimizer, total, warmup, float(recipe.end_lr), str(recipe.get("schedule") or "cosine"), milestones, epochs,
+        optimizer, total, warmup, float(recipe.end_lr), str(recipe.schedule), milestones, epochs,
         decay_rate=None if rate is None else float(rate), decay_epochs=None if every is None else float(every),
     )  # fmt: skip
-    interval = str(recipe.get("lr_interval") or "step")
+    interval = str(recipe.lr_interval)
     if interval == "epoch":
         return EpochStartLR(schedule, total // max(1, epochs), float(recipe.warmup_epochs))
     return schedule

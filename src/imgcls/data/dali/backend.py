@@ -81,7 +81,7 @@ class DaliBackend:
         settings = self.settings
         dtype = torch.float16 if settings.fp16 else torch.float32
         self.normalize = DeviceNormalize(settings.mean, settings.std, settings.channels_last, dtype)
-        self.format = str(cfg.get("format") or "folder")
+        self.format = str(cfg.format)
         if self.format == "folder":
             self.shards = None
             self.classes = classes_of(cfg.root, "train")
@@ -90,7 +90,7 @@ class DaliBackend:
             self.shards = open_shard_set(cfg)
             self.classes = list(self.shards.classes)
         self._files: dict[str, FileList | ShardCatalog] = {}
-        self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
+        self.bad_images = BadImageLog(str(cfg.on_bad_image))
         self._warned_world = False
 
     @property
@@ -120,7 +120,7 @@ class DaliBackend:
         # DALI reads local files only: every shard of the split is copied before the pipeline starts, eight
         # downloads at a time (one S3 stream reaches a fraction of a node's bandwidth).
         urls = [s.url for s in shards.splits[split]]
-        options = dict(self.cfg.get("storage_options") or {})
+        options = dict(self.cfg.storage_options)
         return local_copies(urls, str(self.cfg.shard_cache), options)
 
     def _shard_source(self, files: ShardCatalog, split: str, world_size: int, seed: int, epoch: int) -> ShardSource:

@@ -38,7 +38,7 @@ class TorchvisionBackend:
         self.classes = self._classes()
         self._datasets: dict[str, Any] = {}
         self._files: dict[str, FileList] = {}
-        self.bad_images = BadImageLog(str(cfg.get("on_bad_image") or "skip"))
+        self.bad_images = BadImageLog(str(cfg.on_bad_image))
         self.normalize = DeviceNormalize(cfg.mean, cfg.std, channels_last=bool(cfg.get("channels_last")))
 
     def _classes(self) -> list[str]:
@@ -154,4 +154,4 @@ def _dataloader(
 
 def make_torchvision_backend(cfg: Any) -> TorchvisionBackend:
     # data.format is the layout on disk; the backend reads any of them (DALI: data/dali, its own readers).
-    return TorchvisionBackend(cfg) if str(cfg.get("format") or "folder") == "folder" else ShardBackend(cfg)
+    return TorchvisionBackend(cfg) if str(cfg.format) == "folder" else ShardBackend(cfg)
