@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig
 
 from imgcls.training.checkpoint import EPOCH_FILENAME, best_path, last_path
 
@@ -62,7 +63,7 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
-def checkpoint_callbacks(cfg: Any, run_dir: str | Path, has_val: bool = True) -> list[ModelCheckpoint]:
+def checkpoint_callbacks(cfg: DictConfig | None, run_dir: str | Path, has_val: bool = True) -> list[ModelCheckpoint]:
     """`last.ckpt` every epoch (and every K steps if asked), `best.ckpt` on the monitored metric.
 
     "last" is its own monitor-less callback: Lightning 2.6's `save_last=True` only refreshes last.ckpt

@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
 
@@ -100,7 +101,7 @@ class WandbMedia(L.Callback):
             logger.experiment.log({"val.confusion_matrix": chart})
 
 
-def wandb_media_callbacks(cfg: Any, classes: list[str]) -> list[L.Callback]:
+def wandb_media_callbacks(cfg: DictConfig, classes: list[str]) -> list[L.Callback]:
     """[WandbMedia] when logger=wandb, else []: the media need a W&B run to go to."""
     wandb_cfg = (cfg.logger or {}).get("wandb")
     if wandb_cfg is None:

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 from PIL import Image
 
 from imgcls.config.choices import AUTOAUGMENT_OPS
@@ -20,7 +21,7 @@ AUTOAUGMENT_TRANSLATE_PIXELS = 250
 AUTOAUGMENT_FILL = (128, 128, 128)
 
 
-def augment_policy(cfg: Any) -> str | None:
+def augment_policy(cfg: DictConfig) -> str | None:
     """timm's policy string for data.augment: the AutoAugment policy name, or the RandAugment string."""
     if cfg.augment is None:
         return None

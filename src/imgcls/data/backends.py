@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from omegaconf import DictConfig
+
 from imgcls.data.protocol import DataBackend
 from imgcls.data.synthetic import SyntheticBackend
 from imgcls.data.torchvision.backend import make_torchvision_backend
@@ -38,7 +40,7 @@ BACKENDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def make_backend(cfg: Any) -> DataBackend:
+def make_backend(cfg: DictConfig) -> DataBackend:
     name = cfg.backend
     if name not in BACKENDS:
         raise ConfigError(f"data.backend={name} is not a known backend; allowed: {', '.join(sorted(BACKENDS))}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from omegaconf import DictConfig
 
 from imgcls.data.backends import make_backend
 from imgcls.data.bad_images import BadImageLog, set_max_pixels
@@ -21,7 +22,7 @@ from imgcls.data.protocol import LoaderSpec
 class ClassificationDataModule(L.LightningDataModule):
     """Builds the backend at construction (so the class list is known before the model is built)."""
 
-    def __init__(self, cfg: Any, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, cfg: DictConfig, batch_size: int, seed: int = 0) -> None:
         super().__init__()
         if cfg.name == "demo":
             ensure_demo_dataset(cfg.root)

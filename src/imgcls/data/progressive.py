@@ -14,7 +14,8 @@ the loader per size, so only a size change rebuilds a DALI pipeline or a transfo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from omegaconf import DictConfig
 
 from imgcls.data.augment import parse_randaugment
 
@@ -70,7 +71,7 @@ class ProgressiveSchedule:
         return self.size(self.total_epochs - 1)
 
 
-def schedule_from_config(cfg: Any) -> ProgressiveSchedule | None:
+def schedule_from_config(cfg: DictConfig) -> ProgressiveSchedule | None:
     """The data config's `progressive` block as a schedule; None when off. config.checks has checked its values."""
     prog = cfg.get("progressive")
     if not prog or not prog.get("enabled"):

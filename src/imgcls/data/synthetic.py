@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.protocol import LoaderSpec
@@ -79,7 +80,7 @@ class SyntheticBackend:
     """data.backend=synthetic: SyntheticBatches for each split and rank, no input pipeline (NVIDIA --data-backend
     synthetic)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.classes = [str(i) for i in range(int(cfg.num_classes))]
         self.bad_images = BadImageLog("skip")  # generated tensors: never a bad file, but the same interface

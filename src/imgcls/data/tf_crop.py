@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 from timm.data.transforms import RandomResizedCropAndInterpolation
 
 F32 = np.float32
@@ -42,7 +43,7 @@ class DistortedCrop:
     max_attempts: int = 100
 
 
-def crop_spec(cfg: Any) -> DistortedCrop:
+def crop_spec(cfg: DictConfig) -> DistortedCrop:
     """The DistortedCrop of a data config (data.train_crop_scale, _ratio, _min_object_covered, _attempts)."""
     return DistortedCrop(
         area_range=(float(cfg.train_crop_scale[0]), float(cfg.train_crop_scale[1])),
@@ -52,7 +53,7 @@ def crop_spec(cfg: Any) -> DistortedCrop:
     )
 
 
-def uses_object_boxes(cfg: Any) -> bool:
+def uses_object_boxes(cfg: DictConfig) -> bool:
     """Whether a data config's train crop covers the records' object boxes (TF1: data.train_crop=tf with
     data.train_crop_object_boxes) rather than the whole image."""
     return cfg.get("train_crop") == "tf" and bool(cfg.get("train_crop_object_boxes"))

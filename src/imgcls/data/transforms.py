@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
+from omegaconf import DictConfig
 from PIL import Image
 from timm.data import create_transform
 from timm.data.auto_augment import auto_augment_transform
@@ -15,7 +15,7 @@ from imgcls.data.augment import augment_policy, autoaugment_hparams, with_nvidia
 from imgcls.data.tf_crop import TFDistortedCrop, crop_spec
 
 
-def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = True) -> Callable:
+def train_transform(cfg: DictConfig, image_size: int | None = None, normalize: bool = True) -> Callable:
     """RandomResizedCrop (area, aspect, interpolation per recipe; data.train_crop=tf: TF's sampler,
     data/tf_crop.py) -> flip -> [policy] -> normalize.
 
@@ -55,7 +55,7 @@ def train_transform(cfg: Any, image_size: int | None = None, normalize: bool = T
     return Compose(primary + secondary + final)
 
 
-def val_resize_size(cfg: Any, image_size: int) -> int:
+def val_resize_size(cfg: DictConfig, image_size: int) -> int:
     """The shorter side val images are resized to before the centre crop, for every backend.
 
     data.val_crop_padding=P: image_size + P, NVIDIA's protocol (PyTorch get_pytorch_val_loader and DALI
@@ -67,7 +67,7 @@ def val_resize_size(cfg: Any, image_size: int) -> int:
     return math.floor(int(image_size) / float(cfg.val_crop_pct))
 
 
-def val_transform(cfg: Any, image_size: int | None = None, normalize: bool = True) -> Callable:
+def val_transform(cfg: DictConfig, image_size: int | None = None, normalize: bool = True) -> Callable:
     """Resize the shorter side to val_resize_size (256 for 224), center crop, normalize (normalize=False: uint8)."""
     size = int(image_size or cfg.image_size)
     resize = val_resize_size(cfg, size)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
+from omegaconf import DictConfig
 
 from imgcls.config.hardware import precision_runs_as, runs_on_cuda
 from imgcls.training.optimizer import SkipsOverflowedSteps
@@ -22,7 +23,7 @@ def set_tf32(enabled: bool) -> None:
     torch.set_float32_matmul_precision("high" if enabled else "highest")
 
 
-def resolve_precision(cfg: Any, accelerator: str) -> tuple[str | None, list[Any]]:
+def resolve_precision(cfg: DictConfig, accelerator: str) -> tuple[str | None, list[Any]]:
     """Return (Trainer precision, plugins).
 
     AMP (fp16) without CUDA falls back to bf16 with a warning: fp16 on a CPU is slow and not what a user

@@ -43,6 +43,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.dali.batch_ring import BatchRing
@@ -71,7 +72,7 @@ class DaliBackend:
     """An ImageFolder layout or shard files (data.format) read by DALI. device="cpu" (dali_cpu) or "gpu"
     (dali_gpu: nvJPEG + GPU resize)."""
 
-    def __init__(self, cfg: Any, device: str = "cpu") -> None:
+    def __init__(self, cfg: DictConfig, device: str = "cpu") -> None:
         if device == "gpu" and not torch.cuda.is_available():
             raise ConfigError("data.backend=dali_gpu needs a CUDA GPU and this machine has none; use dali_cpu")
         self.cfg = cfg

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 from imgcls.data.augment import parse_randaugment
 from imgcls.data.tf_crop import DistortedCrop, crop_spec, uses_object_boxes
@@ -63,7 +63,7 @@ class DaliSettings:
     with_crop_shape: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Any, gpu: bool) -> DaliSettings:
+    def from_config(cls, cfg: DictConfig, gpu: bool) -> DaliSettings:
         """The settings of data config CFG; a value DALI cannot take is a one-line ConfigError (an interpolation
         DALI lacks: pipelines.interp_type, which the backend calls)."""
         randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)

@@ -6,10 +6,10 @@ device (on_device, data/device_normalize.py); a CUDA device gets them copied one
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
@@ -33,7 +33,7 @@ class TorchvisionBackend:
 
     Subclasses change where the samples come from (_make_dataset) and in which order (_sampler)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.classes = self._classes()
         self._datasets: dict[str, Any] = {}
@@ -117,9 +117,10 @@ class ShardBackend(TorchvisionBackend):
         return StopOnRefused(self.bad_images)  # a worker's refusal (bad label, short shard) raised in one line
 
 
-def _transform(cfg: Any, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:
+def _transform(cfg: DictConfig, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:
     if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
-        cfg = OmegaConf.merge(cfg, {"randaugment": with_magnitude(str(cfg.randaugment), augment_magnitude)})
+        policy = with_magnitude(str(cfg.randaugment), augment_magnitude)
+        cfg = cast(DictConfig, OmegaConf.merge(cfg, {"randaugment": policy}))
     # uint8 out of the workers: a quarter of float32's bytes to collate, pin and copy (data/device_normalize.py)
     return (train_transform if split == "train" else val_transform)(cfg, image_size, normalize=False)
 
@@ -128,7 +129,7 @@ def _dataloader(
     dataset: Any,
     sampler: RankSampler,
     batch_size: int,
-    cfg: Any,
+    cfg: DictConfig,
     drop_last: bool,
     bad_images: Any = None,
     copier: Any = None,
@@ -152,6 +153,6 @@ def _dataloader(
     )
 
 
-def make_torchvision_backend(cfg: Any) -> TorchvisionBackend:
+def make_torchvision_backend(cfg: DictConfig) -> TorchvisionBackend:
     # data.format is the layout on disk; the backend reads any of them (DALI: data/dali, its own readers).
     return TorchvisionBackend(cfg) if str(cfg.format) == "folder" else ShardBackend(cfg)
