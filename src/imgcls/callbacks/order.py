@@ -73,7 +73,7 @@ def training_callbacks(
     bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.recipe.epochs), redraw_every, loss_of)
     if bar is not None:
         callbacks.append(bar)
-    if cfg.trainer.get("enable_model_summary", True) and not cfg.trainer.get("barebones"):  # barebones refuses one
+    if cfg.trainer.enable_model_summary and not cfg.trainer.barebones:  # barebones refuses one
         callbacks.append(MeasuredModelSummary())
     if cfg.callbacks.get("count_host_syncs"):  # last: its batch-end hook follows every other callback's
         callbacks.append(HostSyncCount(report))
