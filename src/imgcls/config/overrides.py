@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.utils import get_args_parser
+from hydra._internal.utils import get_args_parser  # Hydra's own flags: no public API has them, a copy would drift
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override

@@ -220,6 +220,10 @@ class HardwareSchema:
     prefetch_factor: int | None = field(default=MISSING, metadata=_about("PyTorch default"))
     pin_memory: bool = field(default=MISSING, metadata=_about(""))
     data_backend: str = field(default=MISSING, metadata=_about(""))
+    auto: str | None = field(
+        default=None,
+        metadata=_about("why hardware=auto chose this profile (config/hardware.py), kept in the run's config.yaml"),
+    )
     batch: dict[str, dict[str, dict[str, Any]]] = field(
         default_factory=dict,
         metadata=_about(
