@@ -9,6 +9,8 @@ from omegaconf import OmegaConf, open_dict
 
 from imgcls.config import checks, schema
 from imgcls.config.compose import compose_train, options
+from imgcls.config.overrides import check_command_line
+from imgcls.errors import ConfigError
 
 
 def _table_keys(group: str) -> set[str]:
@@ -62,3 +64,26 @@ def test_top_level_keys_are_an_instance_of_its_schema() -> None:
     cfg = compose_train([])
     own = OmegaConf.masked_copy(cfg, list(schema.keys(schema.TrainSchema)))
     OmegaConf.merge(OmegaConf.structured(schema.TrainSchema), own)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        # a value the schema's type refuses: the one line a value out of range gets
+        (["recipe.epochs=abc"], "recipe.epochs=abc must be a positive integer"),
+        (["model.image_size=1.5"], "model.image_size=1.5 must be a positive integer"),
+        (["recipe.lr_milestones=[a]"], "recipe.lr_milestones=[a] must be a list of numbers"),
+        # a key the schema lacks, in a group whose options extend it (not struct): the did-you-mean
+        (["recipe.ema_decy=0.9"], "recipe.ema_decy is not a key of recipe; did you mean recipe.ema_decay=0.9?"),
+        (["model.archx=x"], "model.archx is not a key of model; did you mean model.arch=x?"),
+    ],
+)
+def test_a_bad_override_of_a_schema_group_is_one_line(args: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_command_line("train", args, checks.TRAIN)
+    assert line in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_option_only_key_is_added_with_a_plus_where_the_option_leaves_it_null() -> None:
+    check_command_line("train", ["model=resnet50", "+model.se_width=16"], checks.TRAIN)  # no error
+    assert compose_train(["model=resnet50", "+model.se_width=16"]).model.se_width == 16
