@@ -57,6 +57,7 @@ from imgcls.config.choices import (
     SCHEDULES,
     WEIGHT_DECAY_SETS,
 )
+from imgcls.config.compose import CONF_DIR
 from imgcls.config.provenance import where_set
 from imgcls.errors import ConfigError
 
@@ -757,6 +758,8 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
                 f"data.dali_fp16=true needs precision=amp or bf16 (autocast); precision={precision.get('name')} "
                 "runs fp32 layers on the half images"
             )
+    if warn and (line := _workers_line(cfg.get("hardware"), data)) is not None:
+        log.warning("%s", line)
     if warn and recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
         warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
         if warmup >= epochs:
@@ -765,3 +768,22 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
                 "still warming up when training ends and never reaches its peak or decays",
                 warmup, epochs,
             )  # fmt: skip
+
+
+def _workers_line(hardware: DictConfig | None, data: DictConfig | None) -> str | None:
+    """The loader workers are one setting with one key a user sets, data.num_workers (NVIDIA's -j/--workers);
+    hardware.num_workers is the profile's value for its machine, which data.num_workers defaults to. A run that
+    changes the profile's value instead still works (data.num_workers follows it) but gets this one line, so that
+    the two names stop being used for one thing."""
+    if hardware is None or data is None or not OmegaConf.is_interpolation(data, "num_workers"):
+        return None
+    profile = CONF_DIR / "hardware" / f"{hardware.get('name')}.yaml"
+    content = OmegaConf.load(profile) if profile.is_file() else None
+    shipped = content.get("num_workers") if isinstance(content, DictConfig) else None
+    value = hardware.get("num_workers")
+    if shipped is None or value == shipped:
+        return None
+    return (
+        f"hardware.num_workers={value} changes hardware={hardware.name}'s value ({shipped}); set "
+        f"data.num_workers={value}, the one key of the loader workers (hardware.num_workers is the profile's)"
+    )
