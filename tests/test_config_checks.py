@@ -164,8 +164,11 @@ def test_every_numeric_key_is_range_checked(shipped_leaves: dict[str, set]) -> N
 
 @pytest.mark.slow
 def test_every_rule_matches_a_shipped_key(shipped_leaves: dict[str, set]) -> None:
-    """No stale rules: a renamed key must be renamed in the table too."""
-    assert [p for p in TRAIN if not any(rule_for(k, {p: anything}) for k in shipped_leaves)] == []
+    """No stale rules: a renamed key must be renamed in the table too. hardware.auto is written by imgcls when
+    hardware=auto resolves (config/hardware.py), never by a YAML file."""
+    written_at_run_time = {"hardware.auto"}
+    stale = [p for p in TRAIN if not any(rule_for(k, {p: anything}) for k in shipped_leaves)]
+    assert [p for p in stale if p not in written_at_run_time] == []
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import functools
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -355,7 +356,7 @@ def interruptible(main: Callable[[], None]) -> Callable[[], None]:
         try:
             main()
         except KeyboardInterrupt:
-            fail("interrupted (Ctrl-C) before anything was saved", 130)
+            fail("interrupted (Ctrl-C) before anything was saved", 128 + signal.SIGINT)
 
     return wrapped
 
