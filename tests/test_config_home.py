@@ -20,6 +20,7 @@ from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
 from imgcls.config import schema as group_schema
 from imgcls.config.checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
 from imgcls.config.compose import CONF_DIR, options
+from imgcls.config.compose import compose_config as compose_typed
 from imgcls.config.reference import read_yaml_keys, reference
 from imgcls.errors import ConfigError
 from imgcls.training.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
@@ -190,7 +191,8 @@ def test_every_option_of_a_group_starts_from_its_schema(group: str) -> None:
     defaults = {"model": MODEL_DEFAULTS, "recipe": RECIPE_DEFAULTS}[group]
     assert defaults == group_schema.defaults(group) and defaults
     for option in options(group):
-        composed = compose_config([f"{group}={option}"])[group]
+        # Hydra's composition itself: tests.conftest's cached copies are YAML read back, without their types.
+        composed = compose_typed("train", [f"{group}={option}"])[group]
         extends = OmegaConf.get_type(composed) is group_schema.GROUPS[group]
         assert extends, f"{group}={option} does not extend its schema"
         assert set(defaults) <= set(composed), f"{group}={option} lacks {sorted(set(defaults) - set(composed))}"

@@ -17,6 +17,7 @@ from omegaconf import open_dict
 from omegaconf.errors import ValidationError
 
 from imgcls.config.checks import EVALUATE, TRAIN, check_config, unknown_keys
+from imgcls.config.compose import compose_config as compose_typed
 from imgcls.config.compose import options
 from imgcls.errors import ConfigError
 from tests.conftest import CONF, ROOT, assert_one_line_error, compose_config, run_clis
@@ -151,8 +152,9 @@ def test_values_a_consumer_reads_as_a_whole_are_no_keys_of_the_tables() -> None:
     with open_dict(cfg):
         cfg.data.batch_size = {"value": 3}
     assert unknown_keys(cfg, TRAIN) == ["data.batch_size.value"]
+    typed = compose_typed("train", [])  # Hydra's composition (tests.conftest's cached copies are untyped YAML)
     with pytest.raises(ValidationError):  # a group whose options extend their schema (config/schema.py): its type
-        cfg.recipe.epochs = {"value": 3}
+        typed.recipe.epochs = {"value": 3}
 
 
 def test_every_debug_and_search_option_and_the_evaluate_config_pass_the_key_check() -> None:
