@@ -91,3 +91,23 @@ def test_only_a_dir_of_hydras_files_is_this_runs(tmp_path: Path, monkeypatch: py
     (fresh / "checkpoints").mkdir()
     (fresh / "checkpoints" / "epoch_0001.ckpt").write_bytes(b"")  # written by the run after the start
     assert not remove_failed_train_dir(fresh) and fresh.is_dir()
+
+
+def test_a_failed_run_removes_only_its_own_dir_and_empty_outputs_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dir Hydra made goes, with ./outputs/TASK/ and ./outputs/ left empty by it; a user's own folder above a
+    run dir (hydra.run.dir=mine/run), empty or not, and a run dir holding anything else stay."""
+    from imgcls.run.rundir import discard_failed_run
+
+    monkeypatch.chdir(tmp_path)
+    default = _hydra_made(tmp_path / "outputs" / "train" / "2026-11-29_05-00-00")
+    assert discard_failed_run(default, "train")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # outputs/train/ and outputs/ were left empty
+    (tmp_path / "mine").mkdir()  # the user's own empty folder
+    mine = _hydra_made(tmp_path / "mine" / "run")
+    assert discard_failed_run(mine, "train")
+    assert (tmp_path / "mine").is_dir() and not mine.exists()
+    kept = _hydra_made(tmp_path / "mine" / "kept")
+    (kept / "notes.txt").write_text("the user's")
+    assert not discard_failed_run(kept, "train") and (kept / "notes.txt").read_text() == "the user's"

@@ -128,8 +128,10 @@ def made_by_hydra_for(run_dir: str | Path, task: str) -> bool:
 
 
 def remove_run_dir(run_dir: str | Path) -> bool:
-    """Remove a failed run's dir (the caller decided it is the run's own: made_by_hydra_for), and the outputs/TASK/
-    folders above it that it leaves empty, up to the current dir: a dozen mistakes should not leave a dozen dirs.
+    """Remove a failed run's dir (the caller decided it is the run's own: made_by_hydra_for), and the folders of
+    Hydra's default tree above it (./outputs/TASK/, ./outputs/: conf/hydra/default.yaml) that it leaves empty: a dozen
+    mistakes should not leave a dozen dirs. A folder outside ./outputs/ (hydra.run.dir=mine/run: the user's own
+    `mine/`) is never removed, even when empty.
     Its log file's handler (Hydra's, on the root logger) is closed first: a later record would reopen the file in a
     removed dir. True when removed."""
     run_dir = Path(run_dir)
@@ -139,8 +141,8 @@ def remove_run_dir(run_dir: str | Path) -> bool:
             handler.close()
             root.removeHandler(handler)
     shutil.rmtree(run_dir, ignore_errors=True)
-    cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
-    while parent != cwd and parent.is_relative_to(cwd):
+    outputs, parent = Path.cwd().resolve() / "outputs", run_dir.resolve().parent
+    while parent.is_relative_to(outputs):
         try:
             parent.rmdir()
         except OSError:  # not empty: other runs are in it
