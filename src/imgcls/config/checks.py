@@ -57,7 +57,7 @@ from imgcls.config.choices import (
     SCHEDULES,
     WEIGHT_DECAY_SETS,
 )
-from imgcls.config.compose import CONF_DIR
+from imgcls.config.compose import CONF_DIR, group_option
 from imgcls.config.provenance import where_set
 from imgcls.errors import ConfigError
 
@@ -777,9 +777,9 @@ def _workers_line(hardware: DictConfig | None, data: DictConfig | None) -> str |
     the two names stop being used for one thing."""
     if hardware is None or data is None or not OmegaConf.is_interpolation(data, "num_workers"):
         return None
-    profile = CONF_DIR / "hardware" / f"{hardware.get('name')}.yaml"
-    content = OmegaConf.load(profile) if profile.is_file() else None
-    shipped = content.get("num_workers") if isinstance(content, DictConfig) else None
+    name = str(hardware.get("name"))
+    profile = CONF_DIR / "hardware" / f"{name}.yaml"
+    shipped = group_option("hardware", name).get("num_workers") if profile.is_file() else None
     value = hardware.get("num_workers")
     if shipped is None or value == shipped:
         return None

@@ -17,7 +17,7 @@ from imgcls.config import schema
 from imgcls.config.published import resolve as published
 from imgcls.distributed import is_rank_zero
 from imgcls.errors import ConfigError
-from imgcls.typed_config import to_dict
+from imgcls.typed_config import merge, to_dict
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -66,6 +66,34 @@ register_resolvers()
 schema.register()  # GROUP/_schema, the base every option of a group names first (config/schema.py)
 
 
+def group_option(group: str, option: str) -> DictConfig:
+    """conf/GROUP/OPTION.yaml as composition puts it into the group, without composing the rest: the entries of
+    its defaults list merged in order, each the group's schema (`_schema`, config/schema.py), another option of
+    the group (`_base`, hardware/auto's `cpu`, ...) or the file's own keys (`_self_`; last where the list leaves
+    it out, as Hydra does). The file alone (OmegaConf.load) lacks every key its bases set. Interpolations into
+    other groups are left unresolved; not struct, as the schema Hydra composes from (schema.base)."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    content = OmegaConf.load(path)
+    if not isinstance(content, DictConfig):
+        raise TypeError(f"{path}: not a mapping")
+    entries = list(content.pop("defaults", []))
+    if "_self_" not in entries:
+        entries.append("_self_")
+    layers: list[DictConfig] = []
+    for entry in entries:
+        if entry == "_self_":
+            layers.append(content)
+        elif entry == "_schema" and group in schema.GROUPS:
+            layers.append(schema.base(group))
+        elif isinstance(entry, str) and "/" not in entry and ":" not in entry:
+            layers.append(group_option(group, entry))
+        else:  # another group's option, an override: composition's, which a group's own options do not use
+            raise ValueError(f"{path}: defaults entry {entry!r} is not _schema, _self_ or an option of {group}")
+    merged = merge(*layers)
+    OmegaConf.set_struct(merged, False)
+    return merged
+
+
 def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
     """conf/CONFIG_NAME.yaml with these overrides, as a Hydra run of it would see it: Hydra's compose()
     without its `hydra` node, task_name fixed from that node first (${imgcls.choice:...} needs it).
@@ -101,7 +129,7 @@ def precision_config(cfg: DictConfig, default: Any = None) -> Any:
         return cfg.precision
     if default is not None:
         return OmegaConf.create(default)
-    return OmegaConf.load(CONF_DIR / "precision" / "fp32.yaml")
+    return group_option("precision", "fp32")
 
 
 def model_config(cfg: DictConfig) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 def _about(meaning: str, source: str = "") -> dict[str, str]:
@@ -907,14 +907,31 @@ def defaults(group: str) -> dict[str, Any]:
     return {str(k): v for k, v in values.items() if v != MISSING}
 
 
+def base(group: str) -> DictConfig:
+    """The group's schema as the config node its options extend (GROUP/_schema), typed, and not struct: a key the
+    schema lacks composes, so that config.checks refuses it in one line naming the file that wrote it and the key
+    meant (Hydra would stop at the first with a traceback-style message). The command line's `GROUP.KEY=` of such
+    a key is refused before (config.overrides)."""
+    node = OmegaConf.structured(GROUPS[group])
+    _not_struct(node)
+    return node
+
+
+def _not_struct(node: DictConfig) -> None:
+    # On every block, a null one too (precision.loss_scale, recipe.qat, logger.wandb): OmegaConf refuses a key a
+    # dataclass lacks unless the block's own flag says not struct (its parent's does not count), and a block a YAML
+    # file fills in keeps the flag of the null node it fills.
+    OmegaConf.set_struct(node, False)
+    if not node._is_none():
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                _not_struct(child)
+
+
 def register() -> None:
     """GROUP/_schema in Hydra's ConfigStore: the base a group option names first in its defaults list."""
     store = ConfigStore.instance()
-    for group, schema in GROUPS.items():
+    for group in GROUPS:
         if group:
-            node = OmegaConf.structured(schema)
-            # Not struct: a key the schema lacks composes, so that config.checks refuses it in one line naming the
-            # file that wrote it and the key meant (Hydra would stop at the first with a traceback-style message).
-            # The command line's `GROUP.KEY=` of such a key is refused before (config.overrides).
-            OmegaConf.set_struct(node, False)
-            store.store(group=group, name="_schema", node=node)
+            store.store(group=group, name="_schema", node=base(group))

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from imgcls.config.checks import DATA, MODEL, PRECISION, RECIPE, Check, choice, integer
-from imgcls.config.compose import CONF_DIR, options
+from imgcls.config.compose import group_option, options
 from imgcls.data.imagenet_classes import imagenet_names
 from imgcls.errors import CheckpointError
 from imgcls.models.factory import build_network, se_width_of
@@ -176,7 +176,7 @@ def checked_precision(stored: Any, source: str) -> dict[str, Any] | None:
         return None
     stored = _mapping(stored, source, "precision")
     name = _checked(stored.get("name"), choice(*options("precision")), source, "precision.name")
-    precision = to_dict(OmegaConf.load(CONF_DIR / "precision" / f"{name}.yaml"), resolve=True)
+    precision = to_dict(group_option("precision", name), resolve=True)
     for key in PRECISION_SWITCHES:
         if key in stored and key in precision:
             precision[key] = _checked(stored[key], PRECISION[f"precision.{key}"], source, f"precision.{key}")

@@ -30,10 +30,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
-from imgcls.config.compose import CONF_DIR
+from imgcls.config.compose import group_option
 from imgcls.distributed import launcher_local_rank
 from imgcls.errors import ConfigError
 from imgcls.quantization.placement import add_quantizers, extra_quantizer_names, placement_of
@@ -227,7 +226,7 @@ def stored_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _qat_defaults() -> dict[str, Any]:
-    return to_dict(OmegaConf.load(CONF_DIR / "recipe" / "qat.yaml").qat)
+    return to_dict(group_option("recipe", "qat").qat)
 
 
 def _calibrator_name(settings: dict[str, Any]) -> str:

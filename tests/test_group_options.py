@@ -1,0 +1,25 @@
+"""A group's option read alone (imgcls.config.compose.group_option: a checkpoint's precision, recipe/qat's
+calibration defaults, a hardware profile's loader workers) is what composition puts into the group: the file's
+defaults list (its group's schema, the options it extends) merged in. The file by itself (OmegaConf.load) lacks
+every key those set."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from imgcls.config import schema
+from imgcls.config.compose import CONF_DIR, compose_train, group_option, options
+
+EVERY_OPTION = [(group, option) for group in schema.GROUPS if group for option in options(group)]
+
+
+@pytest.mark.parametrize(("group", "option"), EVERY_OPTION)
+def test_an_option_read_alone_is_what_composition_puts_in_its_group(group: str, option: str) -> None:
+    composed = compose_train([f"{group}={option}"])[group]
+    assert OmegaConf.to_container(group_option(group, option)) == OmegaConf.to_container(composed)
+
+
+def test_a_base_an_option_extends_gives_the_keys_the_option_leaves_out() -> None:
+    assert OmegaConf.load(CONF_DIR / "hardware" / "dgx1v_32g.yaml").get("devices") is None
+    assert group_option("hardware", "dgx1v_32g").devices == 8  # dgx1v's
