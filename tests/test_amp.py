@@ -138,8 +138,8 @@ def test_one_overflow_is_skipped_counted_and_training_goes_on(
 ) -> None:
     """Also at the very first step, where torch's fused SGD makes its momentum buffers (empty_like) and, skipping
     the update, left them unwritten: the next step read uninitialized memory (weights of 1e36, then NaN).
-    rmsprop_tf (every TF2 EfficientNet run) skips on the device (SkipsOverflowedSteps): weights and state are put
-    back as they were; at the very first step there is no state to put back, and the weights stay."""
+    rmsprop_tf (every TF2 EfficientNet run) skips on the device (imgcls's RMSpropTF gates its update by the flag):
+    weights and state stay as they were; at the very first step the state is the initial one."""
     seen: dict[str, Any] = {}
     inject(monkeypatch, "overflow", {step}, seen)
     rmsprop = ["recipe.rmsprop_alpha=0.9", "recipe.rmsprop_eps=0.001"] if optimizer == "rmsprop_tf" else []

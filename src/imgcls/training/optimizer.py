@@ -7,10 +7,12 @@ from collections import defaultdict
 from typing import Any, TypeVar, cast
 
 import torch
-from timm.optim import RMSpropTF, param_groups_weight_decay
+from timm.optim import RMSpropTF as TimmRMSpropTF
+from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from imgcls.config.choices import OPTIMIZERS
+from imgcls.training.rmsprop_tf import RMSpropTF, flat_views
 
 
 def parameter_groups(net: nn.Module, weight_decay: float, decayed: str = "conv_and_linear_weights") -> list[dict]:
@@ -61,7 +63,7 @@ class SkipsOverflowedSteps:
     """Mixin for a torch optimizer: under fp16 loss scaling it skips an overflowed step on the device.
 
     torch.amp.GradScaler.step reads the found-inf flag with .item() before stepping an optimizer that cannot
-    skip a step itself: a host sync every optimizer step (every EfficientNet AMP run, with RMSprop). An
+    skip a step itself: a host sync every optimizer step (every run with torch's RMSprop under fp16). An
     optimizer that declares `_step_supports_amp_scaling` is handed the scale (`grad_scale`; None once
     unscaled, as imgcls's precision plugin does) and the flag (`found_inf`) as device tensors instead. Neither
     RMSprop's update nor timm's can be told to leave parameters and state alone (momentum and the square
@@ -72,7 +74,9 @@ class SkipsOverflowedSteps:
 
     What is put back is listed once (_OverflowUndo) and lives in flat buffers, so that a step costs a fixed
     handful of kernels per device and dtype rather than a Python walk over the parameters and their state (on
-    a GPU the foreach copies are torch's multi-tensor kernels)."""
+    a GPU the foreach copies are torch's multi-tensor kernels). It costs 3x the parameters' bytes of copies and
+    selects a step over the update: TF's RMSprop (every EfficientNet AMP recipe) gates its own arithmetic instead
+    (rmsprop_tf.RMSpropTF); torch's RMSprop, which no published recipe runs, keeps this."""
 
     _step_supports_amp_scaling = True
     _overflow_undo: _OverflowUndo | None = None
@@ -170,10 +174,8 @@ class _ParamCopies:
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         self.tensors = tensors
-        self.before, offsets = _flat_like(tensors)
-        self.after = torch.zeros_like(self.before)
-        self.before_views = [_view_like(self.before, t, o) for t, o in zip(tensors, offsets, strict=True)]
-        self.after_views = [_view_like(self.after, t, o) for t, o in zip(tensors, offsets, strict=True)]
+        self.before, self.before_views = flat_views(tensors)
+        self.after, self.after_views = flat_views(tensors)
 
 
 class _FlatState:
@@ -182,11 +184,10 @@ class _FlatState:
 
     def __init__(self, state: dict, entries: list[tuple[torch.Tensor, str]]) -> None:
         values = [state[p][key] for p, key in entries]
-        self.live, offsets = _flat_like(values)
+        self.live, views = flat_views(values)
         self.before = torch.zeros_like(self.live)
         self.entries = []
-        for (p, key), value, offset in zip(entries, values, offsets, strict=True):
-            view = _view_like(self.live, value, offset)
+        for (p, key), value, view in zip(entries, values, views, strict=True):
             view.copy_(value)
             state[p][key] = view
             self.entries.append((p, key, view))
@@ -194,34 +195,6 @@ class _FlatState:
     def bound(self, state: dict) -> bool:
         """Whether the first and last state tensors are still the views (not, say, moved to another device)."""
         return all(state.get(p, {}).get(key) is view for p, key, view in (self.entries[0], self.entries[-1]))
-
-
-def _flat_like(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-    """A zeroed flat buffer with room for each tensor and each one's offset, each start 64-byte aligned."""
-    align = max(1, 64 // tensors[0].element_size())
-    offsets, total = [], 0
-    for t in tensors:
-        offsets.append(total)
-        total += -(-t.numel() // align) * align
-    return torch.zeros(total, dtype=tensors[0].dtype, device=tensors[0].device), offsets
-
-
-def _view_like(flat: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:
-    """A view of flat at offset with t's shape, and its strides where t is dense (channels_last weights too), so
-    that copies between the two keep to torch's multi-tensor kernels."""
-    if _dense(t):
-        return flat.as_strided(t.shape, t.stride(), offset)
-    return flat[offset : offset + t.numel()].view(t.shape)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether t's elements fill numel() consecutive places of its storage, in some order of its dimensions."""
-    expected = 1
-    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 OptimizerT = TypeVar("OptimizerT", bound=torch.optim.Optimizer)
@@ -260,9 +233,14 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
         # torch's RMSprop adds eps outside the root, so with eps=1e-3 the two differ by orders of magnitude on small
         # gradients. timm's RMSpropTF is TF's update; it starts the square average at 1 (TF1's slot init; Keras'
         # RMSprop slot starts at 0, a difference that only matters in the first, warmup, steps).
-        kind: type[torch.optim.RMSprop | RMSpropTF] = torch.optim.RMSprop if name == "rmsprop" else RMSpropTF
-        rmsprop = skips_overflowed_steps(kind) if fused else kind
-        return rmsprop(
+        # fused: skips an overflowed step on the device. TF's update is imgcls's RMSpropTF (rmsprop_tf.py), which
+        # gates its own arithmetic by the flag; torch's RMSprop gets the copy-and-select of SkipsOverflowedSteps.
+        kind: type[torch.optim.RMSprop | TimmRMSpropTF]
+        if name == "rmsprop":
+            kind = skips_overflowed_steps(torch.optim.RMSprop) if fused else torch.optim.RMSprop
+        else:
+            kind = RMSpropTF if fused else TimmRMSpropTF
+        return kind(
             groups,
             lr=lr,
             alpha=float(recipe.rmsprop_alpha),

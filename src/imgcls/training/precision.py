@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from imgcls.config.hardware import precision_runs_as, runs_on_cuda
 from imgcls.training.optimizer import SkipsOverflowedSteps
+from imgcls.training.rmsprop_tf import RMSpropTF
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,11 @@ def resolve_precision(cfg: DictConfig, accelerator: str) -> tuple[str | None, li
 
 
 class MixedPrecision(LightningMixedPrecision):
-    """Lightning's fp16 plugin, except that an optimizer which skips overflowed steps itself (SkipsOverflowedSteps:
-    imgcls's RMSprop) gets its gradients unscaled by GradScaler.unscale_ after backward, as Lightning does for
-    any other unfused optimizer. Left to GradScaler.step, such an optimizer gets them scaled: the scaler checks them
-    for infs in a pass that multiplies by 1, and the optimizer unscales in a second pass over a list of gradients
-    it builds every step. unscale_ checks and unscales in one. torch's fused SGD still unscales in its kernel.
+    """Lightning's fp16 plugin, except that an optimizer which skips overflowed steps itself (imgcls's RMSpropTF;
+    torch's RMSprop with SkipsOverflowedSteps) gets its gradients unscaled by GradScaler.unscale_ after backward, as
+    Lightning does for any other unfused optimizer. Left to GradScaler.step, such an optimizer gets them scaled: the
+    scaler checks them for infs in a pass that multiplies by 1, and the optimizer unscales in a second pass.
+    unscale_ checks and unscales in one. torch's fused SGD still unscales in its kernel.
 
     Named as Lightning's class: Lightning files the scaler's state in a checkpoint under the plugin's class name."""
 
@@ -60,7 +61,7 @@ class MixedPrecision(LightningMixedPrecision):
         self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
         scaler = self.scaler
-        if scaler is None or not isinstance(optimizer, SkipsOverflowedSteps):
+        if scaler is None or not isinstance(optimizer, (RMSpropTF, SkipsOverflowedSteps)):
             return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
 
         def unscaling_closure() -> Any:
