@@ -807,8 +807,8 @@ class CallbacksSchema:
         default=True,
         metadata=_about("RUN_DIR/plots/*.png at the end of fit (imgcls.plot); false: sweeps of many short jobs"),
     )
-    count_host_syncs: bool | None = field(
-        default=None,
+    count_host_syncs: bool = field(
+        default=False,
         metadata=_about("report.json's train/val.host_syncs_per_step on CUDA (make gpu-check; costs host time)"),
     )
     checkpoint: CallbacksCheckpointSchema | None = field(
