@@ -10,14 +10,19 @@ import torch
 from timm.data import Mixup
 
 from imgcls.config.checks import check_config
+from imgcls.config.schema import ModelSchema, RecipeSchema
 from imgcls.errors import ConfigError
 from imgcls.models import build_network
 from imgcls.run.plan import accumulation_steps, fit_per_device, make_plan
 from imgcls.run.train import run
-from imgcls.training.module import _ns
 from imgcls.training.optimizer import build_optimizer, parameter_groups
 from imgcls.training.scheduler import EpochStartLR, build_scheduler, scaled_lr, warmup_steps
+from imgcls.typed_config import settings
 from tests.conftest import compose_config, read_report, tiny_overrides
+
+
+def _sgd(momentum: float) -> RecipeSchema:
+    return settings(RecipeSchema, {"optimizer": "sgd", "momentum": momentum})
 
 
 @pytest.mark.parametrize(
@@ -58,7 +63,7 @@ def _lr_curve(
     milestones: tuple[float, ...] = (),
 ) -> list[float]:
     net = torch.nn.Linear(2, 2)
-    opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.875, nesterov=False), base)
+    opt = build_optimizer([{"params": net.parameters()}], _sgd(0.875), base)
     sched = build_scheduler(opt, total, warmup, end, schedule, milestones, epochs=epochs)
     if per_epoch:  # recipe.lr_interval=epoch
         sched = EpochStartLR(sched, total // epochs, warmup * epochs // total)
@@ -117,7 +122,7 @@ def test_epoch_interval_is_nvidias_per_epoch_lr_policy() -> None:
     assert warm == pytest.approx([base / 2, base] + [base * 0.5 * (1 + math.cos(math.pi * e / 6)) for e in range(6)])
     # step: x0.1 from the first step of epoch 3 on (milestone 3), warmup 1 epoch.
     net = torch.nn.Linear(2, 2)
-    opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.9, nesterov=False), base)
+    opt = build_optimizer([{"params": net.parameters()}], _sgd(0.9), base)
     sched = EpochStartLR(build_scheduler(opt, 35, 7, 0.0, "step", milestones=(3,), epochs=5), 7, 1)
     lrs = [opt.param_groups[0]["lr"]]
     for step in range(1, 35):
@@ -135,7 +140,7 @@ def test_nvidias_pytorch_qat_recipes_change_the_lr_per_epoch(recipe: str) -> Non
 @pytest.mark.slow
 def test_no_weight_decay_on_any_norm_parameter_or_bias() -> None:
     net = build_network(
-        _ns(arch="resnet50", drop_rate=0.0, drop_path_rate=0.0, conv_init="fan_in", zero_init_last_bn=False),
+        settings(ModelSchema, {"arch": "resnet50", "drop_rate": 0.0, "conv_init": "fan_in"}),
         num_classes=10,
     )
     groups = parameter_groups(net, weight_decay=1 / 32768)
@@ -242,7 +247,7 @@ def test_exponential_schedule_is_tf2s_staircase_decay_after_the_warmup() -> None
     epochs, per_epoch, lr0 = 20, 10, 0.256
     total, warmup = epochs * per_epoch, 5 * per_epoch
     net = torch.nn.Linear(2, 2)
-    opt = build_optimizer([{"params": net.parameters()}], _ns(optimizer="sgd", momentum=0.9, nesterov=False), lr0)
+    opt = build_optimizer([{"params": net.parameters()}], _sgd(0.9), lr0)
     sched = build_scheduler(opt, total, warmup, 0.0, "exponential", epochs=epochs, decay_rate=0.97, decay_epochs=2.4)
     decay_steps = 2.4 * per_epoch
     for step in range(total + 1):

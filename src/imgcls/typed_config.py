@@ -3,9 +3,12 @@ where a merge of mapping configs is known to give a mapping config."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
+
+T = TypeVar("T")
 
 
 def to_dict(node: Any, *, resolve: bool = False) -> dict[str, Any]:
@@ -29,3 +32,18 @@ def merge(*configs: Any) -> DictConfig:
     if not isinstance(merged, DictConfig):
         raise TypeError(f"expected mapping configs to merge, got {type(merged).__name__}")
     return merged
+
+
+def settings(schema: type[T], values: Mapping[str, Any] | DictConfig) -> T:
+    """A config group's settings from a mapping no composition made (a checkpoint's stored config, a weights file's
+    model keys, a test's dict): merged onto the group's schema dataclass (config/schema.py), so that every key is
+    there, with the given value or the schema's default, typed as the schema types it; the code then reads plain
+    attributes, as it does of a composed config. A key the schema no longer has (an older imgcls's) is kept, unread;
+    reading a key the schema lacks raises, as in a composed config."""
+    base = OmegaConf.structured(schema)
+    OmegaConf.set_struct(base, False)
+    merged = merge(base, values)
+    OmegaConf.set_struct(merged, True)
+    # The merged DictConfig has every field of the dataclass (Hydra's pattern: code typed with the schema reads a
+    # DictConfig made from it).
+    return cast(T, merged)

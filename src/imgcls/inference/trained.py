@@ -21,11 +21,11 @@ from typing import Any
 
 import timm
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from imgcls.config.checks import DATA, MODEL, PRECISION, RECIPE, Check, choice, integer
 from imgcls.config.compose import group_option, options
+from imgcls.config.schema import DataSchema, ModelSchema
 from imgcls.data.imagenet_classes import imagenet_names
 from imgcls.errors import CheckpointError
 from imgcls.models.factory import build_network, se_width_of
@@ -40,7 +40,7 @@ from imgcls.models.weights import (
     state_dict_of,
 )
 from imgcls.quantization import qat
-from imgcls.typed_config import to_dict
+from imgcls.typed_config import settings, to_dict
 
 # The data keys that make up the val preprocessing (what imgcls.data.transforms.val_transform reads).
 PREPROCESSING_KEYS = ("image_size", "val_crop_pct", "val_crop_padding", "interpolation", "mean", "std")
@@ -99,10 +99,10 @@ class TrainedModel:
         return meta
 
 
-def preprocessing_of(data_cfg: Any) -> dict[str, Any]:
+def preprocessing_of(data_cfg: DataSchema) -> dict[str, Any]:
     """The val preprocessing of the user's own data config (a file's is read by checked_preprocessing)."""
-    data = to_dict(data_cfg, resolve=True) if OmegaConf.is_config(data_cfg) else dict(data_cfg)
-    return {k: data.get(k) for k in PREPROCESSING_KEYS}  # get: checkpoints older than val_crop_padding lack it
+    data = to_dict(data_cfg, resolve=True)
+    return {k: data[k] for k in PREPROCESSING_KEYS}
 
 
 def _shown(value: Any) -> str:
@@ -229,7 +229,8 @@ def val_batch_size_of(hparams: Mapping[str, Any], source: str) -> int | None:
 
 
 def _build(model_cfg: dict[str, Any], num_classes: int) -> nn.Module:
-    return build_network(OmegaConf.create({**model_cfg, "weights": None}), num_classes)
+    # A file's model keys, or a model option's: what an older file lacks gets the schema's default.
+    return build_network(settings(ModelSchema, {**model_cfg, "weights": None}), num_classes)
 
 
 def _check_arch(found: str, wanted: dict[str, Any] | None, path: str | Path, key: str) -> None:

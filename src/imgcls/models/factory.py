@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import timm
 import torch
@@ -19,6 +19,9 @@ from imgcls.models.squeeze_excitation import SE_RESNET_PREFIXES, se_kwargs
 from imgcls.models.stochastic_depth import use_drop_path_mask
 from imgcls.models.weights import in_network_layout, load_state, read_state_dict
 
+if TYPE_CHECKING:
+    from imgcls.config.schema import ModelSchema
+
 log = logging.getLogger(__name__)
 
 # timm's SE blocks: ResNet-family `attn_layer="se"` and EfficientNet's (also imgcls's wide SE).
@@ -28,22 +31,23 @@ SE_BLOCKS = (SEModule, SqueezeExcite)
 FAN_MODES: dict[str, Literal["fan_in", "fan_out"]] = {"fan_in": "fan_in", "fan_out": "fan_out"}
 
 
-def build_network(cfg: Any, num_classes: int) -> nn.Module:
-    """timm.create_model(cfg.arch, pretrained=False) + NVIDIA init + optional weights file."""
+def build_network(cfg: ModelSchema, num_classes: int) -> nn.Module:
+    """timm.create_model(cfg.arch, pretrained=False) + NVIDIA init + optional weights file. `cfg` has every key of
+    the model schema: a composed config, or a mapping merged onto the schema (typed_config.settings)."""
     if not timm.is_model(cfg.arch):
         raise ConfigError(f"model.arch={cfg.arch} is not a timm architecture")
     kwargs: dict[str, Any] = {"drop_rate": float(cfg.drop_rate)}
     if cfg.drop_path_rate:
         kwargs["drop_path_rate"] = float(cfg.drop_path_rate)
-    state = read_state_dict(cfg.weights) if cfg.get("weights") else None
-    se_width = cfg.get("se_width")
+    state = read_state_dict(cfg.weights) if cfg.weights else None
+    se_width = cfg.se_width
     if se_width is None and state is not None:
         se_width = se_width_of(str(cfg.arch), state, f"model.weights={cfg.weights}")
-    kwargs.update(se_kwargs(cfg.arch, se_width, bool(cfg.get("wide_se"))))
+    kwargs.update(se_kwargs(cfg.arch, se_width, bool(cfg.wide_se)))
     net = timm.create_model(cfg.arch, pretrained=False, num_classes=num_classes, **kwargs)
-    use_drop_path_mask(net, str(cfg.get("drop_path_mask") or "sample"))  # per sample (timm, TF2) or per batch
+    use_drop_path_mask(net, cfg.drop_path_mask)  # per sample (timm, TF2) or per batch
     init_nvidia(net, conv_init=cfg.conv_init, zero_init_last_bn=bool(cfg.zero_init_last_bn))
-    set_batchnorm(net, momentum=cfg.get("bn_momentum"), eps=cfg.get("bn_eps"))
+    set_batchnorm(net, momentum=cfg.bn_momentum, eps=cfg.bn_eps)
     if state is not None:
         load_state(net, state, f"model.weights={cfg.weights}", cfg.arch)
     return net

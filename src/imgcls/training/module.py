@@ -5,7 +5,6 @@ It never knows which data backend feeds it: batches are (float images NCHW, int6
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -19,11 +18,13 @@ from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from imgcls.config import schema
+from imgcls.config.schema import ModelSchema, RecipeSchema
 from imgcls.models import build_network
 from imgcls.training.ema import ModelEma
 from imgcls.training.mixup import DeviceMixup
 from imgcls.training.optimizer import build_optimizer, parameter_groups
 from imgcls.training.scheduler import recipe_scheduler
+from imgcls.typed_config import settings
 
 
 class ClassificationModule(L.LightningModule):
@@ -39,12 +40,12 @@ class ClassificationModule(L.LightningModule):
         # The checkpoint carries everything evaluation needs: model/recipe config, classes, plan and
         # the whole resolved run config.
         self.save_hyperparameters()
-        # A checkpoint written before a key existed lacks it: the documented "off" value, explicitly.
-        self.model_cfg = _ns({**MODEL_DEFAULTS, **model})
-        self.recipe = _ns({**RECIPE_DEFAULTS, **recipe})
+        # A checkpoint written before a key existed lacks it: the schema's default, as a composed config has it.
+        self.model_cfg: ModelSchema = settings(ModelSchema, model)
+        self.recipe: RecipeSchema = settings(RecipeSchema, recipe)
         if "weight_decay_on" not in recipe:  # a checkpoint from before the key: its boolean said the same
             old = recipe.get("norm_bias_weight_decay")
-            self.recipe["weight_decay_on"] = "all" if old else "conv_and_linear_weights"
+            self.recipe.weight_decay_on = "all" if old else "conv_and_linear_weights"
         self.plan = plan
         self.classes = list(classes)
         num_classes = len(self.classes)
@@ -124,10 +125,12 @@ class ClassificationModule(L.LightningModule):
         EMA copy, if any, is taken again so that it has them too."""
         from imgcls.quantization import qat
 
-        settings = self.recipe.qat  # a QAT recipe's (conf/recipe/qat.yaml); only train.py calls this, with it
+        quantization = self.recipe.qat  # a QAT recipe's (conf/recipe/qat.yaml); only train.py calls this, with it
+        if quantization is None:
+            raise RuntimeError("quantize_network needs a QAT recipe (recipe.qat)")
         self.net = qat.quantize(
-            self.net, batches, qat.calibration_device(), calibrator=str(settings["calibrator"]),
-            percentile=float(settings["percentile"]), quantizers=str(settings["quantizers"]),
+            self.net, batches, qat.calibration_device(), calibrator=quantization.calibrator,
+            percentile=float(quantization.percentile), quantizers=quantization.quantizers,
         )  # fmt: skip
         if self.ema is not None:
             self.ema = self._averaged(self.ema.decay)
@@ -286,28 +289,14 @@ class ClassificationModule(L.LightningModule):
             checkpoint[qat.STATE_KEY] = qat.quantizer_state(self.net)
 
 
-# The schema's defaults (config/schema.py): what a checkpoint written before a key existed gets for it; a required
-# key has none.
+# The schema's defaults (config/schema.py): what a checkpoint written before a key existed gets for it (the module
+# merges its stored keys onto the schema); a required key has none.
 MODEL_DEFAULTS: dict[str, Any] = schema.defaults("model")
 RECIPE_DEFAULTS: dict[str, Any] = schema.defaults("recipe")
 
 
-class _ns(dict):
-    """Attribute access over a plain dict (hyperparameters stay plain, picklable dicts). A key it does not
-    hold raises: a mistyped name must not read as None (that turned EMA off without a word)."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(f"config has no key {key!r}; keys: {', '.join(sorted(self))}") from None
-
-    def __deepcopy__(self, memo: dict) -> _ns:
-        return _ns(copy.deepcopy(dict(self), memo))
-
-
-def _build_mixup(recipe: Any, num_classes: int) -> DeviceMixup | None:
-    mixup, cutmix = float(recipe.mixup or 0), float(recipe.cutmix or 0)
+def _build_mixup(recipe: RecipeSchema, num_classes: int) -> DeviceMixup | None:
+    mixup, cutmix = float(recipe.mixup), float(recipe.cutmix)
     if not (mixup or cutmix):
         return None
     # Partner = the flipped batch; recipe.mixup_mode: one lambda per batch (NVIDIA PyTorch) or per sample

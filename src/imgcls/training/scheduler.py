@@ -6,13 +6,16 @@ PyTorch lr_policy)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from timm.scheduler import CosineLRScheduler, MultiStepLRScheduler, PolyLRScheduler, StepLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
 from imgcls.config.choices import SCHEDULES
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import RecipeSchema
 
 
 def scaled_lr(lr_per_256: float, global_batch: int) -> float:
@@ -129,13 +132,13 @@ class EpochStartLR:
         self.schedule.load_state_dict(state_dict)
 
 
-def recipe_scheduler(optimizer: torch.optim.Optimizer, trainer: Any, recipe: Any) -> Scheduler | EpochStartLR:
+def recipe_scheduler(optimizer: torch.optim.Optimizer, trainer: Any, recipe: RecipeSchema) -> Scheduler | EpochStartLR:
     """The schedule of `recipe` (schedule, epochs, warmup_epochs, end_lr, lr_interval) for this trainer's loader."""
     epochs = int(recipe.epochs)
     total = total_steps(trainer, epochs)
     warmup = warmup_steps(total, epochs, float(recipe.warmup_epochs))
     milestones = tuple(recipe.lr_milestones)
-    rate, every = recipe.get("lr_decay_rate"), recipe.get("lr_decay_epochs")
+    rate, every = recipe.lr_decay_rate, recipe.lr_decay_epochs
     schedule = build_scheduler(
         optimizer, total, warmup, float(recipe.end_lr), str(recipe.schedule), milestones, epochs,
         decay_rate=None if rate is None else float(rate), decay_epochs=None if every is None else float(every),

@@ -1,0 +1,49 @@
+"""The code reads typed settings: a config group's keys as attributes, each with the schema's default where the
+config gives none (config/schema.py the one place of a default). A mapping no composition made (a checkpoint's
+stored config, a test's dict) is merged onto the schema first (typed_config.settings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from imgcls.config.schema import ModelSchema
+from imgcls.inference.trained import load_trained
+from imgcls.training.module import ClassificationModule
+from imgcls.typed_config import settings
+
+STORED = Path(__file__).resolve().parent / "data" / "checkpoint_hparams.json"
+
+
+def test_settings_give_the_schemas_defaults_and_keep_an_older_key() -> None:
+    model = settings(ModelSchema, {"arch": "resnet18", "drop_rate": 0, "an_older_key": 1})
+    assert model.drop_rate == 0.0 and isinstance(model.drop_rate, float)  # typed as the schema types it
+    assert model.drop_path_mask == "sample" and model.se_width is None and model.zero_init_last_bn is False
+    assert model.an_older_key == 1  # type: ignore[attr-defined]  # an older imgcls's key loads, unread
+    with pytest.raises(AttributeError, match="chanels_last"):
+        _ = model.chanels_last  # type: ignore[attr-defined]  # a mistyped name is no silent None
+
+
+def test_a_checkpoint_without_model_keys_the_schema_has_loads_for_inference(tmp_path: Path) -> None:
+    """The model keys a checkpoint lacks get the schema's defaults where a network is built from its file (before,
+    inference read drop_path_rate and zero_init_last_bn of the file itself, and such a file did not load)."""
+    hparams = json.loads(STORED.read_text())
+    module = ClassificationModule(**hparams)
+    for key in ("drop_path_rate", "zero_init_last_bn", "drop_path_mask", "bn_momentum", "bn_eps"):
+        del hparams["model"][key]
+    model = hparams["model"]
+    path = tmp_path / "older.ckpt"
+    torch.save(
+        {
+            "hyper_parameters": hparams,
+            "state_dict": module.state_dict(),
+            "imgcls": {"arch": model["arch"], "model": model, "classes": hparams["classes"],
+                       "image_size": model["image_size"], "has_ema": False},
+        },
+        path,
+    )  # fmt: skip
+    trained = load_trained(path)
+    assert trained.net(torch.zeros(2, 3, 32, 32)).shape == (2, len(hparams["classes"]))
