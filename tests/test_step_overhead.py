@@ -31,7 +31,7 @@ from imgcls.errors import ConfigError
 from imgcls.seeding import sample_seed, sample_seeds
 from imgcls.training.ema import ModelEma
 from imgcls.training.module import ClassificationModule
-from imgcls.training.rmsprop_tf import RMSpropTF as ImgclsRMSpropTF
+from imgcls.training.rmsprop import RMSpropTF as ImgclsRMSpropTF
 from tests.conftest import compose_config, tiny_overrides
 
 

@@ -11,8 +11,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixed
 from omegaconf import DictConfig
 
 from imgcls.config.hardware import precision_runs_as, runs_on_cuda
-from imgcls.training.optimizer import SkipsOverflowedSteps
-from imgcls.training.rmsprop_tf import RMSpropTF
+from imgcls.training.rmsprop import SkipsOverflowedSteps
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,8 @@ def resolve_precision(cfg: DictConfig, accelerator: str) -> tuple[str | None, li
 
 
 class MixedPrecision(LightningMixedPrecision):
-    """Lightning's fp16 plugin, except that an optimizer which skips overflowed steps itself (imgcls's RMSpropTF;
-    torch's RMSprop with SkipsOverflowedSteps) gets its gradients unscaled by GradScaler.unscale_ after backward, as
+    """Lightning's fp16 plugin, except that an optimizer which skips overflowed steps itself (SkipsOverflowedSteps:
+    imgcls's RMSprop and RMSpropTF) gets its gradients unscaled by GradScaler.unscale_ after backward, as
     Lightning does for any other unfused optimizer. Left to GradScaler.step, such an optimizer gets them scaled: the
     scaler checks them for infs in a pass that multiplies by 1, and the optimizer unscales in a second pass.
     unscale_ checks and unscales in one. torch's fused SGD still unscales in its kernel.
@@ -61,7 +60,7 @@ class MixedPrecision(LightningMixedPrecision):
         self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
         scaler = self.scaler
-        if scaler is None or not isinstance(optimizer, (RMSpropTF, SkipsOverflowedSteps)):
+        if scaler is None or not isinstance(optimizer, SkipsOverflowedSteps):
             return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
 
         def unscaling_closure() -> Any:
