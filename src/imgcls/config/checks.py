@@ -1,16 +1,16 @@
 """Every value of the resolved config checked once, up front, against one schema per config group (MODEL, RECIPE,
 DATA, ...: key -> allowed values).
 
-Types and defaults are config/schema.py's: one dataclass per config group in Hydra's ConfigStore (its "Structured
-Configs" schema pattern), which the model and recipe options extend (`defaults: [_schema, _self_]`), so OmegaConf
-refuses a wrong type there. The ranges and cross-key rules are here; the tables name every key of the shipped
-configs with its range;
+Types, defaults and ranges are config/schema.py's: one dataclass per config group in Hydra's ConfigStore (its
+"Structured Configs" schema pattern), which the group options extend (`defaults: [_schema, _self_]`), so OmegaConf
+refuses a wrong type there; each field's metadata names what it allows (a check of config/ranges.py), and the tables
+here are made from the fields (schema_checks), so a key and its range cannot be in one place and not the other. Here
+are what the fields cannot say: the rows of the hardware batch table, the keys whose presence is the setting,
+the mappings a user fills, the cross-key rules, and the tables of evaluate, classify and export.
 tests/test_config_checks.py composes every group option and fails when a key is missing from them, so a new key
-cannot slip past unchecked; tests/test_schema.py fails when a table and config/schema.py's dataclasses name different
-keys. Defaults live in config/schema.py (the group's dataclass, which its options extend) and conf/ (the values an
-option sets), and docs/config-keys.md is generated from them (imgcls.config.reference). Runtime
-code trusts what is checked here: tests/test_config_home.py lists every other `raise ConfigError` and why it
-cannot be checked up front. The tables are also what a `+KEY=...` on the command line
+cannot slip past unchecked. docs/config-keys.md is generated from the schema and conf/ (imgcls.config.reference).
+Runtime code trusts what is checked here: tests/test_config_home.py lists every other `raise ConfigError` and why
+it cannot be checked up front. The tables are also what a `+KEY=...` on the command line
 may add (imgcls.config.overrides refuses any other key, with a did-you-mean): a key of another group option
 (+model.se_width=16, refused with its reason where the network has no SE), one inside a `*` pattern (expected,
 hardware.batch) or one of OPEN's namespaces (data.storage_options: fsspec's options).
@@ -20,7 +20,7 @@ allowed (ConfigError, exit 2). So does a key no table has, wherever it was writt
 experiment, conf/local/default.yaml or a user's own option in a search path would otherwise leave the setting it
 meant at its default, silently): one line naming the file that sets it (imgcls.config.provenance), the key and
 the nearest key, as the command line's did-you-mean names it. Strings whose allowed values depend on the
-installed libraries (model arch, backend, optimizer, ...) are checked where they are used; here they only need to
+installed libraries (model arch, backend, ...) are checked where they are used; here they only need to
 be present.
 """
 
@@ -30,394 +30,74 @@ import difflib
 import fnmatch
 import functools
 import logging
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from imgcls.config.choices import (
-    AUGMENTS,
-    AUTOAUGMENT_OPS,
-    AUTOAUGMENT_POLICIES,
-    BAD_IMAGE_POLICIES,
-    CALIBRATORS,
-    CONV_INITS,
-    DALI_TRAIN_RESIZES,
-    DROP_PATH_MASKS,
-    EXPORT_FORMATS,
-    HOST_RESIZE_MODES,
-    IMGCLS_TRAINER_ARGS,
-    LR_INTERVALS,
-    MIXUP_MODES,
-    OPTIMIZERS,
-    PROGRESS_BARS,
-    QUANTIZER_SETS,
-    SCHEDULES,
-    WEIGHT_DECAY_SETS,
-)
+from imgcls.config import schema
+from imgcls.config.choices import EXPORT_FORMATS, HOST_RESIZE_MODES, IMGCLS_TRAINER_ARGS
 from imgcls.config.compose import CONF_DIR, group_option
 from imgcls.config.provenance import where_set
+from imgcls.config.ranges import (
+    COUNT,
+    POSITIVE,
+    POSITIVE_OR_NULL,
+    Check,
+    anything,
+    boolean,
+    choice,
+    folder,
+    integer,
+    number,
+    or_null,
+)
 from imgcls.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# A check returns None when the value is allowed, else what is allowed ("a positive integer").
-Check = Callable[[Any], "str | None"]
+
+# The checks of each group of `python train.py`, from config/schema.py: a key's range is its field's `allowed`
+# (config/ranges.py), beside its type and default. TOP holds train.yaml's own keys.
+def schema_checks(group: str) -> dict[str, Check]:
+    """Dotted key -> check of every key of a group's schema that holds a value: a leaf, or a block that may be null
+    (precision.loss_scale: null or the GradScaler settings below it). A block that cannot be null is no value, nor
+    is a mapping-typed field: a namespace whose keys are BATCH_ROWS', OPEN's or SWITCHES'."""
+    prefix = f"{group}." if group else ""
+    found = schema.keys(schema.GROUPS[group])
+    table: dict[str, Check] = {}
+    for key, f in found.items():
+        kind = str(f.type)
+        block = any(other.startswith(key + ".") for other in found)
+        if not kind.startswith("dict[") and (not block or kind.endswith("| None")):
+            table[prefix + key] = f.metadata["allowed"]
+    return table
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def integer(low: int, high: int | None = None, null: bool = False, also: tuple[int, ...] = ()) -> Check:
-    if high is not None:
-        what = f"an integer from {low} to {high}"
-    else:
-        what = {0: "an integer >= 0", 1: "a positive integer"}.get(low, f"an integer >= {low}")
-    if also:
-        what += " (or " + ", ".join(map(str, also)) + ")"
-    what += " or null" if null else ""
-
-    def check(v: Any) -> str | None:
-        if v is None and null or v in also and _is_int(v):
-            return None
-        ok = _is_int(v) and v >= low and (high is None or v <= high)
-        return None if ok else what
-
-    return check
-
-
-def number(low: float, high: float | None = None, *, open_low: bool = False, open_high: bool = False,
-           null: bool = False) -> Check:  # fmt: skip
-    left, right = "(" if open_low else "[", ")" if open_high else "]"
-    if high is None:
-        what = f"a number {'>' if open_low else '>='} {low:g}"
-    else:
-        what = f"a number in {left}{low:g}, {high:g}{right}"
-    what += " or null" if null else ""
-
-    def check(v: Any) -> str | None:
-        if v is None and null:
-            return None
-        if not _is_number(v):
-            return what
-        above = v > low if open_low else v >= low
-        below = high is None or (v < high if open_high else v <= high)
-        return None if above and below else what
-
-    return check
-
-
-def boolean(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "true or false"
-
-
-def choice(*allowed: str) -> Check:
-    def check(v: Any) -> str | None:
-        return None if v in allowed else "one of " + ", ".join(allowed)
-
-    return check
-
-
-def or_null(check: Check) -> Check:
-    """check, or null (evaluate's keys: null = the checkpoint's value)."""
-    what = f"{check(object())} or null"  # a check names what it allows for any value it refuses
-    return lambda v: None if v is None or check(v) is None else what
-
-
-def anything(v: Any) -> str | None:  # checked where it is used (see the module docstring)
-    return None
-
-
-def folder(v: Any) -> str | None:
-    # A folder imgcls writes in: null would become a folder named "None" in the working directory.
-    return None if isinstance(v, str) and v.strip() else "a folder path"
-
-
-def numbers(
-    length: int | None, low: float, high: float | None = None, ordered: bool = False, open_low: bool = False
-) -> Check:
-    """A list of `length` numbers (None: any length) in a range."""
-    item = number(low, high, open_low=open_low)
-    count = f"{length} " if length is not None else ""
-    what = f"a list of {count}numbers, each {str(item(None)).removeprefix('a ')}"  # item(None) is its own text
-    what += ", in increasing order" if ordered else ""
-
-    def check(v: Any) -> str | None:
-        if not isinstance(v, (list, tuple, ListConfig)) or length is not None and len(v) != length:
-            return what
-        if any(item(x) for x in v):
-            return what
-        return None if not ordered or list(v) == sorted(v) else what
-
-    return check
-
-
-def limit_batches(zero_ok: bool) -> Check:
-    """Lightning's limit_*_batches: a count of batches or a fraction of the epoch."""
-    if zero_ok:
-        what = "a number of batches >= 0, a fraction in [0, 1], or null"
-    else:
-        what = "a number of batches >= 1, a fraction in (0, 1], or null"
-
-    def check(v: Any) -> str | None:
-        if v is None:
-            return None
-        if _is_int(v):
-            return None if v >= (0 if zero_ok else 1) else what
-        if _is_number(v) and (0 <= v <= 1 if zero_ok else 0 < v <= 1):
-            return None
-        return what
-
-    return check
-
-
-POSITIVE = integer(1)
-POSITIVE_OR_NULL = integer(1, null=True)
-COUNT = integer(0)
-RATE = number(0, 1, open_high=True)  # a probability or fraction that must leave something (dropout, smoothing)
-WEIGHT_DECAY = number(0)
-STEPS_LIMIT = integer(1, also=(-1,))  # Lightning: -1 = no limit; 0 would "train" nothing and exit 0
-
-# One schema per config group: key pattern (fnmatch, `*` = one or more name parts) -> check, in the order the
-# config composes them. TOP holds train.yaml's own keys.
-TOP: dict[str, Check] = {
-    "task_name": anything,
-    "mode": choice("train", "benchmark", "plan"),
-    "benchmark.warmup": COUNT,
-    "benchmark.iterations": POSITIVE,
-    "seed": integer(0, 2**32 - 1),  # numpy's and DALI's seed range
-    "deterministic": boolean,
-    "ckpt_path": anything,
-    "compile": boolean,
-    "run_dir": anything,
-    "expected": anything,  # an experiment's published result, copied to report.json as is
-}
-MODEL: dict[str, Check] = {
-    "model.name": anything,
-    "model.arch": anything,
-    "model.image_size": POSITIVE,
-    "model.drop_rate": RATE,
-    "model.drop_path_rate": RATE,
-    "model.conv_init": choice(*CONV_INITS),  # NVIDIA --conv_init, or its legacy --model-config names
-    "model.zero_init_last_bn": boolean,
-    "model.drop_path_mask": choice(*DROP_PATH_MASKS),  # models/stochastic_depth.py: timm/TF2 or NVIDIA PyTorch
-    "model.bn_momentum": number(0, 1, open_low=True, null=True),
-    "model.bn_eps": number(0, open_low=True, null=True),
-    "model.weight_decay": WEIGHT_DECAY,
-    "model.lr_per_256": number(0, open_low=True, null=True),
-    "model.batch_profile": anything,
-    "model.batch_divisor": POSITIVE,
-    "model.weights": anything,
-    "model.channels_last": boolean,
-    "model.se_width": integer(1, null=True),  # SE-ResNe(X)t: null = C/16 (paper, TF1); 16 = NVIDIA PyTorch
-    "model.wide_se": or_null(boolean),  # EfficientNet: NVIDIA's widese SE (0.25 x the expanded channels); null: none
-}
-PRECISION: dict[str, Check] = {
-    "precision.name": anything,
-    "precision.lightning": anything,
-    "precision.memory_class": choice("full", "half"),
-    "precision.channels_last": boolean,
-    "precision.tf32": boolean,
-    "precision.cpu_fp16": boolean,  # amp only: real fp16 on a CPU instead of the bf16 fallback
-    "precision.max_consecutive_overflows": POSITIVE,
-    "precision.loss_scale": anything,  # null or the GradScaler settings below
-    "precision.loss_scale.dynamic": boolean,
-    "precision.loss_scale.init_scale": number(0, open_low=True),
-    "precision.loss_scale.growth_factor": number(1, open_low=True),
-    "precision.loss_scale.backoff_factor": number(0, 1, open_low=True, open_high=True),
-    "precision.loss_scale.growth_interval": POSITIVE,
-}
-HARDWARE: dict[str, Check] = {
-    "hardware.name": anything,
-    "hardware.auto": anything,  # why hardware=auto chose the profile (config/hardware.py), kept in config.yaml
-    "hardware.accelerator": anything,
-    "hardware.devices": anything,  # an int, "auto" or a device list: run/plan.py world_size_of checks it
-    "hardware.num_workers": COUNT,
-    "hardware.prefetch_factor": POSITIVE_OR_NULL,
-    "hardware.pin_memory": boolean,
-    "hardware.data_backend": anything,
+# The rows of hardware.batch (a mapping in the schema: profile -> memory class -> row), fnmatch patterns where `*`
+# is one or more name parts.
+BATCH_ROWS: dict[str, Check] = {
     "hardware.batch.*.per_device": POSITIVE,
     "hardware.batch.*.global": POSITIVE,
     "hardware.batch.*.weight_decay": number(0, null=True),
 }
-RECIPE: dict[str, Check] = {
-    "recipe.name": anything,
-    "recipe.epochs": POSITIVE,
-    "recipe.warmup_epochs": number(0),
-    "recipe.optimizer": choice(*OPTIMIZERS),
-    "recipe.momentum": RATE,
-    "recipe.nesterov": boolean,
-    "recipe.rmsprop_alpha": number(0, 1, open_low=True, open_high=True, null=True),
-    "recipe.rmsprop_eps": number(0, open_low=True, null=True),
-    "recipe.lr_per_256": number(0, open_low=True),
-    "recipe.lr": number(0, open_low=True, null=True),
-    "recipe.end_lr": number(0),
-    "recipe.schedule": choice(*SCHEDULES),
-    "recipe.lr_milestones": numbers(None, 0, ordered=True),
-    "recipe.lr_decay_rate": number(0, 1, open_low=True, null=True),  # schedule=exponential
-    "recipe.lr_decay_epochs": number(0, open_low=True, null=True),
-    "recipe.lr_interval": choice(*LR_INTERVALS),  # scheduler.py: every optimizer step, or NVIDIA's per epoch
-    "recipe.global_batch_size": POSITIVE_OR_NULL,
-    "recipe.weight_decay": number(0, null=True),
-    "recipe.weight_decay_on": choice(*WEIGHT_DECAY_SETS),  # optimizer.py parameter_groups
-    "recipe.label_smoothing": RATE,
-    "recipe.mixup": number(0),  # Beta(alpha, alpha); 0 = off
-    "recipe.cutmix": number(0),
-    "recipe.mixup_mode": choice(*MIXUP_MODES),  # timm Mixup mode: one lambda per batch / pair / sample
-    "recipe.augment": or_null(choice(*AUGMENTS)),
-    "recipe.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),  # timm's name; DALI runs v0 only
-    "recipe.autoaugment_ops": choice(*AUTOAUGMENT_OPS),  # NVIDIA PyTorch's or TF2's Posterize, Solarize, Shear
-    "recipe.interpolation": anything,
-    "recipe.train_crop": choice("random_resized", "tf"),  # data.train_crop (data/tf_crop.py)
-    "recipe.train_crop_object_boxes": boolean,
-    "recipe.ema_decay": number(0, 1, open_low=True, open_high=True, null=True),
-    "recipe.ema_dynamic_decay": boolean,  # NVIDIA: the EMA decay ramps as min(decay, (1 + t) / (10 + t))
-    "recipe.ema_ramp": choice("pytorch", "tf2"),  # how that t counts steps: NVIDIA PyTorch's or TF2's (training/ema.py)
-    # stage-wise recipes (recipe/tf2_efficientnet_stagewise: TF2 --n_stages, --base_img_size, --base_randaug_mag),
-    # read through data.progressive
-    "recipe.stagewise": boolean,
-    "recipe.stages": POSITIVE_OR_NULL,
-    "recipe.base_image_size": POSITIVE,
-    "recipe.base_randaug_magnitude": integer(0, null=True),
-    "recipe.randaugment": anything,  # a timm RandAugment string: data/augment.py parses it
-    # recipe=qat (quantization/qat.py): fake INT8 quantizers calibrated on these training images
-    "recipe.qat": anything,  # null (every recipe but qat's) or the settings below
-    "recipe.qat.calibration_images": POSITIVE,
-    "recipe.qat.calibration_batch_size": POSITIVE,
-    "recipe.qat.seed": integer(0),
-    "recipe.qat.calibration_preprocessing": choice("val", "train"),  # calibration.py: deployment's or training's
-    "recipe.qat.calibrator": choice(*CALIBRATORS),  # quantization/qat.py
-    "recipe.qat.percentile": number(0, 100, open_low=True),
-    "recipe.qat.quantizers": choice(*QUANTIZER_SETS),  # quantization/placement.py
-}
-DATA: dict[str, Check] = {
-    "data.name": anything,
-    "data.root": anything,
-    "data.backend": anything,
-    "data.format": choice("folder", "webdataset", "tfrecord"),
-    "data.label_base": anything,  # data/shards names what is allowed (auto, 0, 1)
-    "data.index_dir": anything,
-    "data.shard_cache": folder,
-    "data.batch_size": POSITIVE_OR_NULL,
-    "data.val_batch_size": POSITIVE_OR_NULL,
-    "data.train_images": POSITIVE_OR_NULL,
-    "data.num_workers": COUNT,
-    "data.prefetch_factor": POSITIVE_OR_NULL,
-    "data.pin_memory": boolean,
-    "data.persistent_workers": boolean,
-    "data.image_size": POSITIVE,
-    "data.val_crop_pct": number(0, 1, open_low=True),
-    "data.val_crop_padding": integer(0, null=True),  # NVIDIA's eval: resize to image_size + N (PYT crop_padding 32)
-    "data.train_crop_scale": numbers(2, 0, 1, ordered=True, open_low=True),
-    "data.train_crop_ratio": numbers(2, 0, ordered=True, open_low=True),
-    "data.train_crop": RECIPE["recipe.train_crop"],  # tf: TF's sample_distorted_bounding_box (data/tf_crop.py)
-    "data.train_crop_min_object_covered": number(0, 1),
-    "data.train_crop_attempts": POSITIVE,
-    "data.train_crop_object_boxes": boolean,
-    "data.hflip": number(0, 1),
-    "data.interpolation": anything,
-    "data.augment": RECIPE["recipe.augment"],
-    "data.autoaugment_policy": choice(*AUTOAUGMENT_POLICIES),
-    "data.autoaugment_ops": RECIPE["recipe.autoaugment_ops"],
-    "data.randaugment": anything,
-    "data.mean": numbers(3, 0, 1),
-    "data.std": numbers(3, 0, open_low=True),
-    "data.num_classes": POSITIVE_OR_NULL,
-    "data.class_names": anything,  # data/shards/manifest.py names a bad list (not a list, count not num_classes)
-    "data.train_samples": POSITIVE,
-    "data.val_samples": POSITIVE,
-    "data.channels_last": boolean,
-    "data.dali_fp16": boolean,
-    "data.dali_train_resize": choice(*DALI_TRAIN_RESIZES),
-    "data.dali_resize_threads": COUNT,
-    "data.dali_host_prefetch": COUNT,
-    "data.dali_train_antialias": boolean,
-    "data.dali_checkpointing": boolean,
-    "data.on_bad_image": choice(*BAD_IMAGE_POLICIES),
-    "data.max_image_pixels": POSITIVE,
-    "data.trace_dir": anything,
-    "data.progressive.enabled": boolean,
-    "data.progressive.start_size": POSITIVE,
-    "data.progressive.end_size": POSITIVE_OR_NULL,
-    "data.progressive.stages": POSITIVE_OR_NULL,
-    "data.progressive.start_epoch": COUNT,
-    "data.progressive.end_epoch": POSITIVE_OR_NULL,
-    "data.progressive.multiple_of": POSITIVE,
-    "data.progressive.total_epochs": POSITIVE,
-    "data.progressive.start_magnitude": integer(0, null=True),
-}
-LOGGER: dict[str, Check] = {
-    "logger.wandb.project": anything,
-    "logger.wandb.entity": anything,
-    "logger.wandb.name": anything,
-    "logger.wandb.offline": boolean,
-    "logger.wandb.log_model": boolean,
-    "logger.wandb.tags": anything,
-    "logger.wandb.log_images": COUNT,
-    "logger.wandb.confusion_max_classes": COUNT,
-}
-CALLBACKS: dict[str, Check] = {
-    "callbacks.checkpoint": anything,  # null = no checkpoints
-    "callbacks.checkpoint.monitor": anything,
-    "callbacks.checkpoint.every_n_train_steps": POSITIVE_OR_NULL,
-    "callbacks.checkpoint.every_n_epochs": POSITIVE_OR_NULL,
-    "callbacks.checkpoint.keep_epochs": integer(0, null=True, also=(-1,)),
-    "callbacks.early_stopping_patience": POSITIVE_OR_NULL,
-    "callbacks.progress_bar": or_null(choice(*PROGRESS_BARS)),
-    "callbacks.progress_bar_every_n_steps": POSITIVE_OR_NULL,
-    "callbacks.log_every_n_steps": POSITIVE_OR_NULL,
-    "callbacks.charts": boolean,
-    "callbacks.count_host_syncs": boolean,
-}
-TRAINER: dict[str, Check] = {  # closed: every lightning.Trainer argument imgcls does not set (test_trainer_args.py)
-    "trainer.accelerator": anything,
-    "trainer.devices": anything,
-    "trainer.num_nodes": POSITIVE,
-    "trainer.max_epochs": STEPS_LIMIT,
-    "trainer.max_steps": STEPS_LIMIT,
-    "trainer.sync_batchnorm": boolean,
-    "trainer.gradient_clip_val": number(0, null=True),
-    "trainer.log_every_n_steps": POSITIVE,
-    "trainer.limit_train_batches": limit_batches(zero_ok=False),
-    "trainer.limit_val_batches": limit_batches(zero_ok=True),
-    "trainer.check_val_every_n_epoch": POSITIVE_OR_NULL,
-    "trainer.num_sanity_val_steps": integer(0, also=(-1,)),
-    "trainer.enable_progress_bar": boolean,
-    "trainer.enable_model_summary": boolean,
-    # The other lightning.Trainer arguments (conf/trainer/default.yaml); free-form ones are Lightning's to check.
-    "trainer.strategy": anything,
-    "trainer.min_epochs": integer(0, null=True),
-    "trainer.min_steps": integer(0, null=True),
-    "trainer.max_time": anything,  # "DD:HH:MM:SS" or a dict of timedelta fields
-    "trainer.gradient_clip_algorithm": anything,
-    "trainer.limit_test_batches": limit_batches(zero_ok=True),
-    "trainer.limit_predict_batches": limit_batches(zero_ok=True),
-    "trainer.overfit_batches": number(0),
-    "trainer.val_check_interval": number(0, open_low=True, null=True),
-    "trainer.fast_dev_run": anything,  # true or a number of batches
-    "trainer.benchmark": anything,  # cudnn.benchmark: true, false or null
-    "trainer.inference_mode": boolean,
-    "trainer.profiler": anything,
-    "trainer.detect_anomaly": boolean,
-    # Lightning refuses barebones with what every imgcls run uses (checkpoints, loggers, the bar, its log cadence)
-    "trainer.barebones": lambda v: None if v is False else "false (barebones drops the checkpoints and logs)",
-    "trainer.reload_dataloaders_every_n_epochs": COUNT,
-    "trainer.enable_autolog_hparams": boolean,
-    "trainer.model_registry": anything,
-}
+TOP = schema_checks("")
+MODEL = schema_checks("model")
+PRECISION = schema_checks("precision")
+HARDWARE = {**schema_checks("hardware"), **BATCH_ROWS}
+RECIPE = schema_checks("recipe")
+DATA = schema_checks("data")
+LOGGER = schema_checks("logger")
+CALLBACKS = schema_checks("callbacks")
+TRAINER = schema_checks("trainer")  # closed: every lightning.Trainer argument imgcls does not set
 TRAIN: dict[str, Check] = {**TOP, **MODEL, **PRECISION, **HARDWARE, **RECIPE, **DATA, **LOGGER, **CALLBACKS, **TRAINER}
 # The schema of each group of `python train.py` ("": train.yaml's own keys).
 SCHEMAS: dict[str, dict[str, Check]] = {
     "": TOP, "model": MODEL, "precision": PRECISION, "hardware": HARDWARE, "recipe": RECIPE, "data": DATA,
     "logger": LOGGER, "callbacks": CALLBACKS, "trainer": TRAINER,
 }  # fmt: skip
+
 
 # Mappings no shipped config fills that a user fills with `+KEY=...` (imgcls.config.overrides lets these through too).
 OPEN: dict[str, Check] = {
@@ -431,6 +111,8 @@ SWITCHES: dict[str, Check] = {"logger.csv": anything, "logger.tensorboard": anyt
 # lightning.Trainer arguments imgcls sets from other keys: the key to set instead (None: nothing to set).
 SET_BY_IMGCLS: dict[str, str | None] = {f"trainer.{key}": instead for key, instead in IMGCLS_TRAINER_ARGS.items()}
 
+# The other commands: their model and precision keys are the schema's, as for training; their own keys (from
+# evaluate.yaml, classify.yaml, export.yaml) have no dataclass yet, so their ranges are rows here.
 # `python evaluate.py`: its own keys; model and precision (optional groups) as for training.
 EVALUATE: dict[str, Check] = {
     **MODEL,
