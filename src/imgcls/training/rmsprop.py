@@ -68,7 +68,7 @@ class SkipsOverflowedSteps(torch.optim.Optimizer):
             group = self.param_groups[chunk.group]
             if isinstance(group["lr"], torch.Tensor):
                 raise TypeError(f"imgcls's {type(self).__name__} takes a float lr, not a tensor")
-            chunk.load(chunk_grads, group, None if inv_scale is None else inv_scale.to(chunk.kind[0]))
+            chunk.load(chunk_grads, None if inv_scale is None else inv_scale.to(chunk.kind[0]))
             self._update(chunk, group, gate)
         if plan.steps is not None:
             plan.steps.add_(1)
@@ -227,8 +227,8 @@ class _Gate:
 
 class _Plan:
     """The optimizer's chunks (the parameters that have gradients, by group, device and dtype), the parameters that
-    have none (timm skips them: no update, no state), and the step counters' flat tensor. Made after the state that
-    timm's step would initialise on this step has been initialised as timm does."""
+    have none (torch's and timm's steps skip them: no update, no state), and the step counters' flat tensor. Made
+    after the state that their step would initialise on this step has been initialised as they do."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, initial_square_avg: float) -> None:
         self.state, self.param_groups = optimizer.state, optimizer.param_groups
@@ -327,7 +327,7 @@ class _Chunk:
     def entry(self, index: int) -> tuple[torch.Tensor, str, torch.Tensor]:
         return self.params[index], "square_avg", self.views["square_avg"][index]
 
-    def load(self, grads: list[torch.Tensor], group: dict[str, Any], inv_scale: torch.Tensor | None) -> None:
+    def load(self, grads: list[torch.Tensor], inv_scale: torch.Tensor | None) -> None:
         """The gradients into `g` (unscaled where GradScaler.step left them scaled)."""
         torch._foreach_copy_(self.g_views, grads)
         if inv_scale is not None:
