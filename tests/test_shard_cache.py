@@ -17,13 +17,20 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from imgcls.data.shards import cache, remote, tfrecord, webdataset
+from imgcls.config.schema import DataSchema
+from imgcls.data.shards import cache, manifest, remote, tfrecord, webdataset
 from imgcls.data.shards.__main__ import main as shards_main
-from imgcls.data.shards.manifest import open_shard_set
+from imgcls.data.shards.manifest import ShardSet
 from imgcls.errors import ConfigError
+from imgcls.typed_config import settings
 
 DAY = 86400.0
 BASE_YAML = Path(__file__).resolve().parents[1] / "conf" / "data" / "_base.yaml"
+
+
+def open_shard_set(cfg: dict) -> ShardSet:
+    """The test's data keys over the data schema's defaults, as a composed data config has them."""
+    return manifest.open_shard_set(settings(DataSchema, cfg))
 
 
 def make_sources(folder: Path) -> dict[str, Path]:

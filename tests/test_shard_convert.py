@@ -18,16 +18,23 @@ import pytest
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from imgcls.data.shards import tfrecord, webdataset
+from imgcls.config.schema import DataSchema
+from imgcls.data.shards import manifest, tfrecord, webdataset
 from imgcls.data.shards.__main__ import main as shards_main
 from imgcls.data.shards.convert import convert
 from imgcls.data.shards.formats import read_records
-from imgcls.data.shards.manifest import open_shard_set
+from imgcls.data.shards.manifest import ShardSet
 from imgcls.errors import ConfigError, DataError
+from imgcls.typed_config import settings
 from tests.conftest import make_image_folder
 
 FORMATS = ("webdataset", "tfrecord")
 SHARD_SIZE = 7
+
+
+def open_shard_set(cfg: dict) -> ShardSet:
+    """The test's data keys over the data schema's defaults, as a composed data config has them."""
+    return manifest.open_shard_set(settings(DataSchema, cfg))
 
 
 @pytest.fixture(scope="module")

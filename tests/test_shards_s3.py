@@ -17,9 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from imgcls.config.schema import DataSchema
 from imgcls.data.shards import remote
 from imgcls.data.shards.cache import INDEX, TAG, copy_path
+from imgcls.data.shards.manifest import open_shard_set
 from imgcls.errors import ConfigError, DataError
+from imgcls.typed_config import settings
 from tests.conftest import compose_config, make_image_folder, read_report, run_cli, tiny_overrides
 
 BUCKET = "imgcls-shards"
@@ -380,22 +383,25 @@ def uploaded(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, st
     return base / "wds", f"s3://{BUCKET}/wds"
 
 
-def _data_cfg(root: str, cache: Path, options: dict, **extra: object) -> dict:
-    return {
-        "root": root,
-        "format": "webdataset",
-        "label_base": "auto",
-        "num_classes": None,
-        "index_dir": None,
-        "shard_cache": str(cache),
-        "storage_options": options,
-        **extra,
-    }
+def _data_cfg(root: str, cache: Path, options: dict, **extra: object) -> DataSchema:
+    """The test's data keys over the data schema's defaults, as a composed data config has them."""
+    return settings(
+        DataSchema,
+        {
+            "root": root,
+            "format": "webdataset",
+            "label_base": "auto",
+            "num_classes": None,
+            "index_dir": None,
+            "shard_cache": str(cache),
+            "storage_options": options,
+            **extra,
+        },
+    )
 
 
 def test_a_bucket_reads_as_its_local_folder(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
     from imgcls.data.shards.formats import read_records
-    from imgcls.data.shards.manifest import open_shard_set
 
     local, url = uploaded
     here = open_shard_set(_data_cfg(str(local), tmp_path, {}))
@@ -417,7 +423,6 @@ def test_a_bucket_reads_as_its_local_folder(s3: S3, uploaded: tuple[Path, str], 
 
 
 def test_a_pipe_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_path: Path) -> None:
-    from imgcls.data.shards.manifest import open_shard_set
 
     local, _ = uploaded
     here = open_shard_set(_data_cfg(str(local), tmp_path, {}))
@@ -433,8 +438,6 @@ def test_a_pipe_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_p
 def test_an_http_root_reads_as_its_local_folder(uploaded: tuple[Path, str], tmp_path: Path) -> None:
     """Python's own file server: HTML index pages for listings, no Range support (a plain 200 for a ranged GET)."""
     import functools
-
-    from imgcls.data.shards.manifest import open_shard_set
 
     local, _ = uploaded
     handler = functools.partial(_QuietFiles, directory=str(local.parent))

@@ -25,14 +25,21 @@ from pathlib import Path
 
 import pytest
 
+from imgcls.config.schema import DataSchema
 from imgcls.data.shards import cache, manifest, remote
 from imgcls.data.shards.__main__ import main as shards_main
 from imgcls.data.shards.formats import read_records
-from imgcls.data.shards.manifest import open_shard_set
+from imgcls.data.shards.manifest import ShardSet
 from imgcls.errors import DataError
+from imgcls.typed_config import settings
 from tests.conftest import assert_one_line_error, make_image_folder, run_cli, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def open_shard_set(cfg: dict) -> ShardSet:
+    """The test's data keys over the data schema's defaults, as a composed data config has them."""
+    return manifest.open_shard_set(settings(DataSchema, cfg))
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,14 @@ training/checkpoint.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig
 
 from imgcls.training.checkpoint import EPOCH_FILENAME, best_path, last_path
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import CallbacksCheckpointSchema
 
 
 def _checkpoint(dirpath: Path, filename: str, kind: type[ModelCheckpoint] = ModelCheckpoint, **kwargs: Any) -> Any:
@@ -63,7 +65,9 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
-def checkpoint_callbacks(cfg: DictConfig | None, run_dir: str | Path, has_val: bool = True) -> list[ModelCheckpoint]:
+def checkpoint_callbacks(
+    cfg: CallbacksCheckpointSchema | None, run_dir: str | Path, has_val: bool = True
+) -> list[ModelCheckpoint]:
     """`last.ckpt` every epoch (and every K steps if asked), `best.ckpt` on the monitored metric.
 
     "last" is its own monitor-less callback: Lightning 2.6's `save_last=True` only refreshes last.ckpt
@@ -71,14 +75,14 @@ def checkpoint_callbacks(cfg: DictConfig | None, run_dir: str | Path, has_val: b
     if cfg is None:
         return []
     last, best = last_path(run_dir), best_path(run_dir)
-    every_n_epochs = int(cfg.get("every_n_epochs") or 1)
-    callbacks = [_checkpoint(last.parent, last.stem, LastCheckpoint, every_n_epochs=every_n_epochs)]
-    if has_val and cfg.get("monitor"):
+    # every_n_epochs null: Lightning's own trigger, every epoch.
+    callbacks = [_checkpoint(last.parent, last.stem, LastCheckpoint, every_n_epochs=cfg.every_n_epochs)]
+    if has_val and cfg.monitor:
         callbacks.append(_checkpoint(best.parent, best.stem, monitor=cfg.monitor, mode="max"))
-    if cfg.get("every_n_train_steps"):
-        steps = int(cfg.every_n_train_steps)
+    if cfg.every_n_train_steps:
+        steps = cfg.every_n_train_steps
         callbacks.append(_checkpoint(last.parent, last.stem, StepCheckpoint, every_n_train_steps=steps))
-    if cfg.get("keep_epochs"):  # NVIDIA --gather-checkpoints: a file per epoch, the newest N (-1: all)
-        keep = int(cfg.keep_epochs)
+    if cfg.keep_epochs:  # NVIDIA --gather-checkpoints: a file per epoch, the newest N (-1: all)
+        keep = cfg.keep_epochs
         callbacks.append(_checkpoint(last.parent, EPOCH_FILENAME, monitor="epoch", mode="max", save_top_k=keep))
     return callbacks

@@ -4,14 +4,16 @@ and the RandAugment string's magnitude, which progressive resizing ramps and DAL
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig
 from PIL import Image
 
 from imgcls.config.choices import AUTOAUGMENT_OPS
 from imgcls.errors import ConfigError
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 # NVIDIA's AutoAugment translates by up to 250 px whatever the image size (PYT IC/autoaugment.py:75
 # linspace(0, 250, 11); TF2 dataloader/augment.py:757 translate_const=250; DALI's default max_translate_abs), and
@@ -21,7 +23,7 @@ AUTOAUGMENT_TRANSLATE_PIXELS = 250
 AUTOAUGMENT_FILL = (128, 128, 128)
 
 
-def augment_policy(cfg: DictConfig) -> str | None:
+def augment_policy(cfg: DataSchema) -> str | None:
     """timm's policy string for data.augment: the AutoAugment policy name, or the RandAugment string."""
     if cfg.augment is None:
         return None

@@ -6,20 +6,21 @@ The LightningModule and the DataModule never see which backend runs. DALI is imp
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any
 
 from imgcls.data.protocol import DataBackend
 from imgcls.data.synthetic import SyntheticBackend
 from imgcls.data.torchvision.backend import make_torchvision_backend
 from imgcls.errors import ConfigError
 
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
-def _dali(device: str) -> Callable[[Any], Any]:
+
+def _dali(device: str) -> Callable[[DataSchema], Any]:
     """Import DALI only when a DALI backend is chosen; a missing package is a one-line config error."""
 
-    def build(cfg: Any) -> Any:
+    def build(cfg: DataSchema) -> Any:
         try:
             from imgcls.data.dali.backend import DaliBackend
         except ImportError as exc:
@@ -32,7 +33,7 @@ def _dali(device: str) -> Callable[[Any], Any]:
     return build
 
 
-BACKENDS: dict[str, Callable[[Any], Any]] = {
+BACKENDS: dict[str, Callable[[DataSchema], Any]] = {
     "torchvision": make_torchvision_backend,
     "synthetic": SyntheticBackend,
     "dali_cpu": _dali("cpu"),  # DALI decode + augment on CPU threads (NVIDIA: DGX-1, DGX A100)
@@ -40,7 +41,7 @@ BACKENDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def make_backend(cfg: DictConfig) -> DataBackend:
+def make_backend(cfg: DataSchema) -> DataBackend:
     name = cfg.backend
     if name not in BACKENDS:
         raise ConfigError(f"data.backend={name} is not a known backend; allowed: {', '.join(sorted(BACKENDS))}")

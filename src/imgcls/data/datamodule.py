@@ -6,11 +6,10 @@ the train loader's own state through checkpoints. Nothing here depends on which 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 
 from imgcls.data.backends import make_backend
 from imgcls.data.bad_images import BadImageLog, set_max_pixels
@@ -18,17 +17,19 @@ from imgcls.data.demo import ensure_demo_dataset
 from imgcls.data.progressive import ProgressiveSchedule, schedule_from_config
 from imgcls.data.protocol import LoaderSpec
 
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
+
 
 class ClassificationDataModule(L.LightningDataModule):
     """Builds the backend at construction (so the class list is known before the model is built)."""
 
-    def __init__(self, cfg: DictConfig, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, cfg: DataSchema, batch_size: int, seed: int = 0) -> None:
         super().__init__()
         if cfg.name == "demo":
             ensure_demo_dataset(cfg.root)
         self.cfg = cfg
-        if cfg.get("max_image_pixels") is not None:  # before a loader (and its forked workers) exists
-            set_max_pixels(int(cfg.max_image_pixels))
+        set_max_pixels(cfg.max_image_pixels)  # before a loader (and its forked workers) exists
         self.batch_size = batch_size
         self.val_batch_size = int(cfg.val_batch_size or batch_size)
         self.seed = seed

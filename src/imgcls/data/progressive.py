@@ -14,10 +14,12 @@ the loader per size, so only a size change rebuilds a DALI pipeline or a transfo
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from imgcls.data.augment import parse_randaugment
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 
 @dataclass(frozen=True)
@@ -71,19 +73,19 @@ class ProgressiveSchedule:
         return self.size(self.total_epochs - 1)
 
 
-def schedule_from_config(cfg: DictConfig) -> ProgressiveSchedule | None:
+def schedule_from_config(cfg: DataSchema) -> ProgressiveSchedule | None:
     """The data config's `progressive` block as a schedule; None when off. config.checks has checked its values."""
-    prog = cfg.get("progressive")
-    if not prog or not prog.get("enabled"):
+    prog = cfg.progressive
+    if not prog.enabled:
         return None
     end_size = int(prog.end_size or cfg.image_size)
     start_size = int(prog.start_size or end_size)
     total = int(prog.total_epochs)
-    stages = int(prog.stages) if prog.get("stages") is not None else None
+    stages = prog.stages
     start_epoch = int(prog.start_epoch)
-    end_epoch = int(prog.end_epoch) if prog.get("end_epoch") is not None else None
+    end_epoch = prog.end_epoch
     multiple = int(prog.multiple_of)
-    start_mag = prog.get("start_magnitude")
+    start_mag = prog.start_magnitude
     end_mag = None
     if start_mag is not None:
         end_mag = parse_randaugment(str(cfg.randaugment))[1]

@@ -22,11 +22,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig
 from timm.data.transforms import RandomResizedCropAndInterpolation
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 F32 = np.float32
 UNIFORMS_PER_ATTEMPT = 4  # aspect, height, y offset, x offset
@@ -43,7 +45,7 @@ class DistortedCrop:
     max_attempts: int = 100
 
 
-def crop_spec(cfg: DictConfig) -> DistortedCrop:
+def crop_spec(cfg: DataSchema) -> DistortedCrop:
     """The DistortedCrop of a data config (data.train_crop_scale, _ratio, _min_object_covered, _attempts)."""
     return DistortedCrop(
         area_range=(float(cfg.train_crop_scale[0]), float(cfg.train_crop_scale[1])),
@@ -53,10 +55,10 @@ def crop_spec(cfg: DictConfig) -> DistortedCrop:
     )
 
 
-def uses_object_boxes(cfg: DictConfig) -> bool:
+def uses_object_boxes(cfg: DataSchema) -> bool:
     """Whether a data config's train crop covers the records' object boxes (TF1: data.train_crop=tf with
     data.train_crop_object_boxes) rather than the whole image."""
-    return cfg.get("train_crop") == "tf" and bool(cfg.get("train_crop_object_boxes"))
+    return cfg.train_crop == "tf" and cfg.train_crop_object_boxes
 
 
 def _rint(values: np.ndarray) -> np.ndarray:

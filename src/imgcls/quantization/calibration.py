@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from imgcls.config.schema import DataSchema
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.file_list import FileList
 from imgcls.data.folder import classes_of, split_dir
@@ -34,6 +34,7 @@ from imgcls.data.transforms import train_transform, val_transform
 from imgcls.distributed import made_once
 from imgcls.errors import ConfigError
 from imgcls.seeding import sample_seed
+from imgcls.typed_config import settings
 
 
 def spread_pick(targets: list[int], seed: int) -> list[int]:
@@ -52,7 +53,7 @@ def spread_pick(targets: list[int], seed: int) -> list[int]:
     return order
 
 
-def calibration_dataset(data_cfg: DictConfig, preprocessing: dict, augment: bool = False) -> CheckedImageFolder:
+def calibration_dataset(data_cfg: DataSchema, preprocessing: dict, augment: bool = False) -> CheckedImageFolder:
     """The train split of data_cfg.root under the val transform of `preprocessing` (augment: data_cfg's train
     transform), its files listed once (made_once: by global rank 0 under DDP, the others receive the compact
     list) in ImageFolder's order."""
@@ -62,15 +63,15 @@ def calibration_dataset(data_cfg: DictConfig, preprocessing: dict, augment: bool
             f"data.format={fmt}: calibration reads a folder dataset (ROOT/train/<class>/*); "
             "pass data.root=DIR of a folder copy of some training images"
         )
-    root = data_cfg.get("root")
+    root = data_cfg.root
     split_root = split_dir(root, "train")
-    transform = train_transform(data_cfg) if augment else val_transform(OmegaConf.create(dict(preprocessing)))
+    transform = train_transform(data_cfg) if augment else val_transform(settings(DataSchema, preprocessing))
     files = made_once(lambda: FileList(split_root, classes_of(root, "train")))
     return CheckedImageFolder(str(split_root), transform=transform, files=files)
 
 
 def calibration_batches(
-    data_cfg: DictConfig, preprocessing: dict, images: int, batch_size: int, seed: int = 0, augment: bool = False
+    data_cfg: DataSchema, preprocessing: dict, images: int, batch_size: int, seed: int = 0, augment: bool = False
 ) -> Iterator[torch.Tensor]:
     """`images` training images (fewer only if the split holds fewer good ones) in batches of `batch_size`
     (the last one may be smaller): float NCHW, normalized, fp32, the same for the same seed (augment: with the

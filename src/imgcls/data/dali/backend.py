@@ -40,10 +40,9 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.dali.batch_ring import BatchRing
@@ -65,6 +64,9 @@ from imgcls.distributed import made_once
 from imgcls.errors import ConfigError, DataError
 from imgcls.seeding import dali_list_order, dali_pipeline_seed
 
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
+
 log = logging.getLogger(__name__)
 
 
@@ -72,7 +74,7 @@ class DaliBackend:
     """An ImageFolder layout or shard files (data.format) read by DALI. device="cpu" (dali_cpu) or "gpu"
     (dali_gpu: nvJPEG + GPU resize)."""
 
-    def __init__(self, cfg: DictConfig, device: str = "cpu") -> None:
+    def __init__(self, cfg: DataSchema, device: str = "cpu") -> None:
         if device == "gpu" and not torch.cuda.is_available():
             raise ConfigError("data.backend=dali_gpu needs a CUDA GPU and this machine has none; use dali_cpu")
         self.cfg = cfg
@@ -132,7 +134,7 @@ class DaliBackend:
             paths = [paths[i] for i in dali_list_order(seed, len(paths), epoch)]
         index_paths: list[str] = []
         if self.format == "tfrecord":
-            index_paths = dali_index_files(paths, self.cfg.get("index_dir"), str(self.cfg.shard_cache))
+            index_paths = dali_index_files(paths, self.cfg.index_dir, str(self.cfg.shard_cache))
         fill = shuffle_fill(len(files) // world_size)
         return ShardSource(self.format, tuple(paths), tuple(index_paths), fill)
 

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 
 from imgcls.data.augment import parse_randaugment
 from imgcls.data.tf_crop import DistortedCrop, crop_spec, uses_object_boxes
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class DaliSettings:
     with_crop_shape: bool = False
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, gpu: bool) -> DaliSettings:
+    def from_config(cls, cfg: DataSchema, gpu: bool) -> DaliSettings:
         """The settings of data config CFG; a value DALI cannot take is a one-line ConfigError (an interpolation
         DALI lacks: pipelines.interp_type, which the backend calls)."""
         randaugment = parse_randaugment(str(cfg.randaugment)) if cfg.augment == "randaugment" else (2, 9)
@@ -73,25 +76,25 @@ class DaliSettings:
             interpolation=str(cfg.interpolation),
             mean=tuple(float(m) for m in cfg.mean),
             std=tuple(float(s) for s in cfg.std),
-            channels_last=bool(cfg.get("channels_last")),
-            fp16=bool(cfg.get("dali_fp16")),
+            channels_last=cfg.channels_last,
+            fp16=cfg.dali_fp16,
             num_threads=max(1, int(cfg.num_workers)),
             prefetch_queue_depth=max(1, int(cfg.prefetch_factor)),
-            pin_memory=bool(cfg.get("pin_memory")),
+            pin_memory=cfg.pin_memory,
             crop_scale=tuple(float(v) for v in cfg.train_crop_scale),
             crop_ratio=tuple(float(v) for v in cfg.train_crop_ratio),
             hflip=float(cfg.hflip),
-            antialias=bool(cfg.get("dali_train_antialias")),
+            antialias=cfg.dali_train_antialias,
             augment=cfg.augment,
             autoaugment_ops=str(cfg.autoaugment_ops),
             randaugment=(int(randaugment[0]), int(randaugment[1])),
-            tf_crop=crop_spec(cfg) if cfg.get("train_crop") == "tf" else None,
+            tf_crop=crop_spec(cfg) if cfg.train_crop == "tf" else None,
             object_boxes=uses_object_boxes(cfg),
             train_resize=str(cfg.dali_train_resize),
-            resize_threads=int(cfg.get("dali_resize_threads") or 1),  # 0 or 1: one thread
+            resize_threads=max(1, cfg.dali_resize_threads),  # 0 or 1: one thread
             host_prefetch=int(cfg.dali_host_prefetch),
             reader_positions=bool(cfg.dali_checkpointing),
-            trace_dir=str(cfg.trace_dir) if cfg.get("trace_dir") else None,
+            trace_dir=str(cfg.trace_dir) if cfg.trace_dir else None,
         )
 
     def delivery(self, device: torch.device | None, host_resize: bool) -> Delivery:

@@ -13,13 +13,19 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import OmegaConf
 
 from imgcls.data.shards import cache, remote, tfrecord, webdataset
 from imgcls.data.shards.formats import FORMATS
 from imgcls.errors import ConfigError, DataError, StorageError
 from imgcls.redaction import redact_url
 from imgcls.storage import write_atomic
+from imgcls.typed_config import to_dict
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
@@ -65,11 +71,6 @@ class ShardSet:
         return label
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)  # dict or DictConfig
-    return default if value is None else value
-
-
 def _join(root: str, name: str) -> str:
     """ROOT/NAME. Under a pipe: root (the user's command, docs/shards.md "Object storage") NAME is appended
     to the command as one shell word, quoted: a checked name needs no quotes, and one that did stays a word."""
@@ -91,20 +92,20 @@ def _shard_url(root: str, name: str, where: str) -> str:
     return _join(root, check_name(name, where))
 
 
-def open_shard_set(cfg: Any) -> ShardSet:
+def open_shard_set(cfg: DataSchema) -> ShardSet:
     """The ShardSet of a data config (root, format, label_base, num_classes, index_dir, shard_cache,
     storage_options), with one-line DataError/ConfigError on the user's mistakes."""
-    fmt = str(_get(cfg, "format", "folder"))
+    fmt = cfg.format
     if fmt not in FORMATS:
         raise ConfigError(f"data.format={fmt} is not a shard format; allowed: {', '.join(FORMATS)}")
-    root = str(_get(cfg, "root", ""))
-    if root in ("", "???"):
+    root = "" if OmegaConf.is_missing(cfg, "root") or cfg.root is None else str(cfg.root)
+    if not root:
         raise DataError(f"data.root is not set; pass data.root=DIR or URL of the {fmt} shards")
-    label_base = str(_get(cfg, "label_base", "auto"))
+    label_base = str(cfg.label_base)
     if label_base not in ("auto", "0", "1"):
         raise ConfigError(f"data.label_base={label_base} is not allowed; allowed: auto, 0, 1")
-    options = _get(cfg, "storage_options", {})
-    cache_dir = _get(cfg, "shard_cache")
+    options = to_dict(cfg.storage_options, resolve=True)
+    cache_dir = cfg.shard_cache
     is_url = remote.is_remote(root)
     if not is_url:
         root = str(Path(root.removeprefix("file://")).expanduser())
@@ -115,14 +116,14 @@ def open_shard_set(cfg: Any) -> ShardSet:
     if document is not None:
         classes, stored_base, splits = _from_manifest(document, root, fmt)
     else:
-        classes = _classes_without_manifest(_get(cfg, "num_classes"), _get(cfg, "class_names"), root)
+        classes = _classes_without_manifest(cfg.num_classes, cfg.class_names, root)
         stored_base = DEFAULT_LABEL_BASE[fmt]
-        splits = _from_names(root, fmt, options, is_url, _get(cfg, "index_dir"), cache_dir)
-        named = _get(cfg, "class_names") is not None or len(classes) == 1000  # not "0".."N-1"
+        splits = _from_names(root, fmt, options, is_url, cfg.index_dir, cache_dir)
+        named = cfg.class_names is not None or len(classes) == 1000  # not "0".."N-1"
         if fmt == "tfrecord" and named and not is_url:
             base = stored_base if label_base == "auto" else int(label_base)
             _check_synset(classes, base, next(iter(splits.get("val") or splits.get("train") or []), None))
-    num_classes = _get(cfg, "num_classes")
+    num_classes = cfg.num_classes
     if num_classes is not None and int(num_classes) != len(classes):
         raise ConfigError(f"data.num_classes={num_classes} but {_join(root, MANIFEST)} lists {len(classes)} classes")
     return ShardSet(

@@ -6,10 +6,10 @@ device (on_device, data/device_normalize.py); a CUDA device gets them copied one
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from imgcls.data.augment import with_magnitude
 from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
@@ -26,6 +26,10 @@ from imgcls.data.torchvision.samplers import RankSampler, ResumableDataLoader
 from imgcls.data.transforms import train_transform, val_transform
 from imgcls.distributed import made_once
 from imgcls.errors import DataError
+from imgcls.typed_config import to_dict
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 
 class TorchvisionBackend:
@@ -33,13 +37,13 @@ class TorchvisionBackend:
 
     Subclasses change where the samples come from (_make_dataset) and in which order (_sampler)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DataSchema) -> None:
         self.cfg = cfg
         self.classes = self._classes()
         self._datasets: dict[str, Any] = {}
         self._files: dict[str, FileList] = {}
         self.bad_images = BadImageLog(str(cfg.on_bad_image))
-        self.normalize = DeviceNormalize(cfg.mean, cfg.std, channels_last=bool(cfg.get("channels_last")))
+        self.normalize = DeviceNormalize(cfg.mean, cfg.std, channels_last=cfg.channels_last)
 
     def _classes(self) -> list[str]:
         classes = classes_of(self.cfg.root, "train")
@@ -97,8 +101,8 @@ class ShardBackend(TorchvisionBackend):
             self.shard_set,
             split,
             transform,
-            self.cfg.get("shard_cache"),  # null (an older checkpoint's config): remote.py says so for a URL
-            OmegaConf.to_container(self.cfg.storage_options, resolve=True) if self.cfg.get("storage_options") else {},
+            self.cfg.shard_cache,
+            to_dict(self.cfg.storage_options, resolve=True),
             object_boxes=split == "train" and uses_object_boxes(self.cfg),
         )
 
@@ -117,10 +121,10 @@ class ShardBackend(TorchvisionBackend):
         return StopOnRefused(self.bad_images)  # a worker's refusal (bad label, short shard) raised in one line
 
 
-def _transform(cfg: DictConfig, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:
+def _transform(cfg: DataSchema, split: str, image_size: int | None, augment_magnitude: int | None) -> Callable:
     if augment_magnitude is not None:  # progressive augmentation: the same policy, another magnitude
         policy = with_magnitude(str(cfg.randaugment), augment_magnitude)
-        cfg = cast(DictConfig, OmegaConf.merge(cfg, {"randaugment": policy}))
+        cfg = cast("DataSchema", OmegaConf.merge(cfg, {"randaugment": policy}))
     # uint8 out of the workers: a quarter of float32's bytes to collate, pin and copy (data/device_normalize.py)
     return (train_transform if split == "train" else val_transform)(cfg, image_size, normalize=False)
 
@@ -129,7 +133,7 @@ def _dataloader(
     dataset: Any,
     sampler: RankSampler,
     batch_size: int,
-    cfg: DictConfig,
+    cfg: DataSchema,
     drop_last: bool,
     bad_images: Any = None,
     copier: Any = None,
@@ -143,7 +147,7 @@ def _dataloader(
         pin_memory=bool(cfg.pin_memory),
         drop_last=drop_last,
         persistent_workers=bool(cfg.persistent_workers) and workers > 0,
-        prefetch_factor=int(cfg.prefetch_factor) if workers > 0 else None,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,  # null: PyTorch's default
         collate_fn=collate_dropping_bad,
         bad_images=bad_images,
         copier=copier,
@@ -153,6 +157,6 @@ def _dataloader(
     )
 
 
-def make_torchvision_backend(cfg: DictConfig) -> TorchvisionBackend:
+def make_torchvision_backend(cfg: DataSchema) -> TorchvisionBackend:
     # data.format is the layout on disk; the backend reads any of them (DALI: data/dali, its own readers).
     return TorchvisionBackend(cfg) if str(cfg.format) == "folder" else ShardBackend(cfg)
