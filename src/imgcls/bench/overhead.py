@@ -15,7 +15,7 @@ TF2 EfficientNet AMP one (TF's RMSprop, fp16 loss scaling, EMA, drop path) and t
 mixup, SGD, fp16), each on a test network at 8 px. Their bare loops use what a user would write: timm's RMSpropTF
 (or torch's fused SGD), torch.amp.GradScaler (which reads the overflow flag on the host), timm's ModelEmaV3, and a
 per-sample mixup of a few tensor ops. Where imgcls's optimizer is not the bare loop's (RMSprop under a loss scaler
-skips overflowed steps on the device: training/optimizer.py), a fourth row runs the bare loop with imgcls's
+skips overflowed steps on the device: training/rmsprop.py), a fourth row runs the bare loop with imgcls's
 optimizer, stepped as imgcls's precision plugin steps it: the difference is what the skip itself costs. `--profile
 N` prints imgcls's N costliest functions (cProfile, own time).
 """
