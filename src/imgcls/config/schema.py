@@ -275,11 +275,11 @@ class PrecisionSchema:
         metadata=_about("NVIDIA FP32 recipes use nchw", source="PYT/main.py --memory-format", allowed=boolean),
     )
     tf32: bool = field(default=MISSING, metadata=_about("", allowed=boolean))
-    cpu_fp16: bool | None = field(
-        default=None,
+    cpu_fp16: bool = field(
+        default=False,
         metadata=_about("true: fp16 autocast + GradScaler('cpu') instead of the bf16 fallback", allowed=boolean),
     )
-    max_consecutive_overflows: int | None = field(default=None, metadata=_about("", allowed=POSITIVE))
+    max_consecutive_overflows: int | None = field(default=None, metadata=_about("", allowed=POSITIVE_OR_NULL))
     loss_scale: PrecisionLossScaleSchema | None = field(
         default=None,
         metadata=_about(
@@ -947,7 +947,7 @@ class LoggerWandbSchema:
 
 @dataclass
 class LoggerSchema:
-    """logger: a key present turns its logger on (run/loggers.py reads the names)."""
+    """logger: a key set to a mapping (`csv: {}`) turns its logger on; null, the default, leaves it off."""
 
     csv: dict[str, Any] | None = field(default=None, metadata=_about("{}: CSV metrics in the run dir"))
     tensorboard: dict[str, Any] | None = field(default=None, metadata=_about("{}: TensorBoard events in the run dir"))

@@ -17,11 +17,11 @@ def build_loggers(cfg: Any, run_dir: str | Path) -> list[Logger]:
     cfg = cfg or {}
     loggers: list[Logger] = []
     # A fixed version dir so that a resumed run appends to the same files instead of a new version.
-    if "csv" in cfg:
+    if cfg.get("csv") is not None:  # null: off (the schema's default)
         loggers.append(ResumableCSVLogger(save_dir=str(run_dir), name="", version="csv"))
-    if "tensorboard" in cfg:
+    if cfg.get("tensorboard") is not None:
         loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="", version="tensorboard"))
-    if "wandb" in cfg:
+    if cfg.get("wandb") is not None:
         loggers.append(_wandb(cfg["wandb"], run_dir))
     return loggers
 
