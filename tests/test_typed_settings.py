@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from imgcls.config.schema import ModelSchema
+from imgcls.config.schema import LoggerSchema, ModelSchema
 from imgcls.inference.trained import load_trained
+from imgcls.run.loggers import ResumableCSVLogger, build_loggers
 from imgcls.training.module import ClassificationModule
 from imgcls.typed_config import settings
 
@@ -47,3 +48,11 @@ def test_a_checkpoint_without_model_keys_the_schema_has_loads_for_inference(tmp_
     )  # fmt: skip
     trained = load_trained(path)
     assert trained.net(torch.zeros(2, 3, 32, 32)).shape == (2, len(hparams["classes"]))
+
+
+def test_a_logger_set_to_null_is_off(tmp_path: Path) -> None:
+    """A logger key turns its logger on when it is set; null (the schema's default) is off, as for every key of the
+    schema. Before, a key present turned it on, and `logger.csv: null` wrote CSV all the same."""
+    assert build_loggers(settings(LoggerSchema, {"csv": None}), tmp_path) == []
+    csv_only = build_loggers(settings(LoggerSchema, {"csv": {}}), tmp_path)
+    assert [type(logger) for logger in csv_only] == [ResumableCSVLogger]

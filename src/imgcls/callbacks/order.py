@@ -9,6 +9,7 @@ real loop.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping
@@ -28,13 +29,16 @@ from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.redaction import redact_url
 from imgcls.training.checkpoint import last_path
 
+if TYPE_CHECKING:
+    from imgcls.config.schema import CallbacksSchema, DataSchema, PrecisionSchema, RecipeSchema, TrainerSchema
 
-def data_args(cfg: DictConfig) -> list[str]:
+
+def data_args(data: DataSchema) -> list[str]:
     """The data overrides that evaluate.py needs to read this run's val split (a checkpoint names no data: a file
     from elsewhere must not choose what is read, run or fetched)."""
-    args = [f"data.root={redact_url(str(cfg.data.root))}"]
-    if str(cfg.data.format) != "folder":
-        args.append(f"data.format={cfg.data.format}")
+    args = [f"data.root={redact_url(str(data.root))}"]
+    if data.format != "folder":
+        args.append(f"data.format={data.format}")
     return args
 
 
@@ -42,39 +46,42 @@ def training_callbacks(
     cfg: DictConfig, run_dir: Path, datamodule: ClassificationDataModule
 ) -> tuple[list[L.Callback], ReportCallback]:
     """Every callback of a training run, in order, and the report (the run's summary comes from it)."""
+    trainer: TrainerSchema = cfg.trainer
+    precision: PrecisionSchema = cfg.precision
+    recipe: RecipeSchema = cfg.recipe
+    settings: CallbacksSchema = cfg.callbacks
     report = ReportCallback(run_dir, command=run_command(Path(run_dir)))
     last = last_path(run_dir)
-    validates = cfg.trainer.get("limit_val_batches") != 0  # 0: NVIDIA --training-only
+    validates = trainer.limit_val_batches != 0  # 0: NVIDIA --training-only
     # precision/amp.yaml's; the precisions without a loss scaler (fp32, tf32, bf16) skip no step and set none.
-    overflows = cfg.precision.get("max_consecutive_overflows")
-    overflows = None if overflows is None else int(overflows)
-    every_n_steps = cfg.callbacks.get("log_every_n_steps")  # null: no progress lines
-    lines = ProgressLines(int(cfg.recipe.epochs), int(every_n_steps)) if every_n_steps else None
+    overflows = precision.max_consecutive_overflows
+    every_n_steps = settings.log_every_n_steps  # null: no progress lines
+    lines = ProgressLines(recipe.epochs, every_n_steps) if every_n_steps else None
     callbacks: list[L.Callback] = [
         BadImageReport(report, datamodule.bad_images),  # before the report: its rows carry the skipped files
         FiniteLoss(last, report, max_consecutive_overflows=overflows),  # before the report: skipped AMP steps
         report,
-        EpochLog(report, run_dir, int(cfg.recipe.epochs), plots=bool(cfg.callbacks.charts), data_args=data_args(cfg)),
+        EpochLog(report, run_dir, recipe.epochs, plots=settings.charts, data_args=data_args(cfg.data)),
         # (after the report: logs the row it has just made)
         *([lines] if lines is not None else []),  # a log line every N optimizer steps (NVIDIA's print_freq)
         RankSeed(int(cfg.seed)),  # seed + global rank in setup; then RNGState restores a resumed run's state
         RNGState(),
         Preemption(last, requeue=requeue_by(), run_dir=run_dir),  # saves last.ckpt at a step boundary
-        *checkpoint_callbacks(cfg.callbacks.get("checkpoint"), run_dir, validates),  # after the report: rows in ckpt
-        *wandb_media_callbacks(cfg, datamodule.classes),  # sample images, per-class accuracy (W&B only)
+        *checkpoint_callbacks(settings.checkpoint, run_dir, validates),  # after the report: rows in ckpt
+        *wandb_media_callbacks(cfg.logger, cfg.data, datamodule.classes),  # sample images, per-class accuracy (W&B)
     ]
-    patience = cfg.callbacks.get("early_stopping_patience")
+    patience = settings.early_stopping_patience
     if patience:  # NVIDIA --early-stopping-patience: epochs without a better val top-1 (validation: checks.py)
-        callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=int(patience)))
+        callbacks.append(EarlyStopping(monitor="val.top1", mode="max", patience=patience))
     # The console: a bar that draws on a terminal only, numbering epochs as the epoch lines do; the summary without
     # an unmeasured FLOPs count (callbacks/console.py).
-    redraw_every = int(cfg.callbacks.get("progress_bar_every_n_steps") or 1)
+    redraw_every = settings.progress_bar_every_n_steps or 1  # null: every batch, as Lightning's bar draws
     loss_of = lines.loss if lines is not None else None  # the bar shows the progress lines' loss
-    bar = progress_bar(cfg.callbacks.get("progress_bar"), int(cfg.recipe.epochs), redraw_every, loss_of)
+    bar = progress_bar(settings.progress_bar, recipe.epochs, redraw_every, loss_of)
     if bar is not None:
         callbacks.append(bar)
-    if cfg.trainer.enable_model_summary and not cfg.trainer.barebones:  # barebones refuses one
+    if trainer.enable_model_summary and not trainer.barebones:  # barebones refuses one
         callbacks.append(MeasuredModelSummary())
-    if cfg.callbacks.get("count_host_syncs"):  # last: its batch-end hook follows every other callback's
+    if settings.count_host_syncs:  # last: its batch-end hook follows every other callback's
         callbacks.append(HostSyncCount(report))
     return callbacks, report

@@ -10,14 +10,16 @@ exact under DDP (each rank's val part unpadded).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
-from omegaconf import DictConfig
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema, LoggerSchema
 
 
 class WandbMedia(L.Callback):
@@ -101,10 +103,9 @@ class WandbMedia(L.Callback):
             logger.experiment.log({"val.confusion_matrix": chart})
 
 
-def wandb_media_callbacks(cfg: DictConfig, classes: list[str]) -> list[L.Callback]:
+def wandb_media_callbacks(logger: LoggerSchema, data: DataSchema, classes: list[str]) -> list[L.Callback]:
     """[WandbMedia] when logger=wandb, else []: the media need a W&B run to go to."""
-    wandb_cfg = (cfg.logger or {}).get("wandb")
-    if wandb_cfg is None:
+    if logger.wandb is None:
         return []
-    images, max_classes = int(wandb_cfg.log_images), int(wandb_cfg.confusion_max_classes)  # logger/wandb.yaml's
-    return [WandbMedia(classes, list(cfg.data.mean), list(cfg.data.std), images, max_classes)]
+    images, max_classes = logger.wandb.log_images, logger.wandb.confusion_max_classes
+    return [WandbMedia(classes, list(data.mean), list(data.std), images, max_classes)]

@@ -5,28 +5,31 @@ from __future__ import annotations
 import csv
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+if TYPE_CHECKING:
+    from imgcls.config.schema import LoggerSchema, LoggerWandbSchema
 
-def build_loggers(cfg: Any, run_dir: str | Path) -> list[Logger]:
+
+def build_loggers(cfg: LoggerSchema, run_dir: str | Path) -> list[Logger]:
+    """A logger for each key of the group that is set (null: off)."""
     run_dir = Path(run_dir)
-    cfg = cfg or {}
     loggers: list[Logger] = []
     # A fixed version dir so that a resumed run appends to the same files instead of a new version.
-    if cfg.get("csv") is not None:  # null: off (the schema's default)
+    if cfg.csv is not None:
         loggers.append(ResumableCSVLogger(save_dir=str(run_dir), name="", version="csv"))
-    if cfg.get("tensorboard") is not None:
+    if cfg.tensorboard is not None:
         loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="", version="tensorboard"))
-    if cfg.get("wandb") is not None:
-        loggers.append(_wandb(cfg["wandb"], run_dir))
+    if cfg.wandb is not None:
+        loggers.append(_wandb(cfg.wandb, run_dir))
     return loggers
 
 
-def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
+def _wandb(cfg: LoggerWandbSchema, run_dir: Path) -> WandbLogger:
     """The W&B run id lives in the run dir, so a resumed run continues the same W&B run."""
     id_file = run_dir / "wandb_id.txt"
     if id_file.exists():
@@ -37,13 +40,13 @@ def _wandb(cfg: Any, run_dir: Path) -> WandbLogger:
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id + "\n")
     logger = WandbLogger(
-        project=cfg.get("project") or "imgcls",
-        entity=cfg.get("entity"),
-        name=cfg.get("name") or run_dir.name,
+        project=cfg.project,
+        entity=cfg.entity,
+        name=cfg.name or run_dir.name,  # null: the run dir's name
         save_dir=str(run_dir),
-        offline=bool(cfg.get("offline")),
-        log_model=bool(cfg.get("log_model")),
-        tags=list(cfg.get("tags") or []),
+        offline=cfg.offline,
+        log_model=cfg.log_model,
+        tags=list(cfg.tags),
         id=run_id,
         resume="allow",
     )
