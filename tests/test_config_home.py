@@ -19,9 +19,10 @@ from omegaconf import OmegaConf
 from imgcls.cli import EVALUATE_MODES, TRAIN_MODES
 from imgcls.config import schema as group_schema
 from imgcls.config.checks import EVALUATE, OPEN, SCHEMAS, TRAIN, anything, check_config, rule_for
-from imgcls.config.compose import CONF_DIR, options
 from imgcls.config.compose import compose_config as compose_typed
-from imgcls.config.reference import read_yaml_keys, reference
+from imgcls.config.compose import options
+from imgcls.config.overrides import check_command_line
+from imgcls.config.reference import reference
 from imgcls.errors import ConfigError
 from imgcls.training.module import MODEL_DEFAULTS, RECIPE_DEFAULTS
 from tests.conftest import compose_config
@@ -290,19 +291,23 @@ def test_each_group_schema_holds_its_own_group_keys() -> None:
     ],
 )
 def test_the_schema_refuses_what_runtime_code_no_longer_checks(overrides: list[str], message: str) -> None:
-    cfg = compose_config(["hardware=cpu", "data.progressive.enabled=true", *overrides])
+    args = ["hardware=cpu", "data.progressive.enabled=true", *overrides]
     with pytest.raises(ConfigError, match=message):
-        check_config(cfg)
+        # As the commands check: the command line first (a value the schema's type refuses stops there, before
+        # Hydra's merge of it would fail with a traceback), then the composed config's cross-key rules.
+        check_command_line("train", args, TRAIN)
+        check_config(compose_config(args))
 
 
 def test_a_progressive_schedule_the_schema_allows_passes() -> None:
     check_config(compose_config(["hardware=cpu", "data.progressive.enabled=true", "data.progressive.end_epoch=80"]))
 
 
-# data/_base.yaml's keys that repeat another group's value: the data module reads one node, and the group that
-# chooses the value (the machine, the network, the recipe) is another. Renaming either side would break documented
-# command lines (data.backend=, data.num_workers=, model.image_size=, recipe.augment= ...); this list keeps the set
-# from growing unnoticed. docs/config-keys.md shows each as its interpolation, naming where the value comes from.
+# The data keys whose default (config/schema.py DataSchema) is another group's value: the data module reads one
+# node, and the group that chooses the value (the machine, the network, the recipe) is another. Renaming either
+# side would break documented command lines (data.backend=, data.num_workers=, model.image_size=, recipe.augment=
+# ...); this list keeps the set from growing unnoticed. docs/config-keys.md shows each as its interpolation,
+# naming where the value comes from.
 MIRRORS = {
     "backend": "hardware.data_backend",
     "num_workers": "hardware.num_workers",
@@ -327,8 +332,8 @@ MIRRORS = {
 
 def test_the_data_keys_that_mirror_another_group_are_the_listed_ones() -> None:
     found = {}
-    for key, entry in read_yaml_keys(CONF_DIR / "data" / "_base.yaml").items():
-        match = re.match(r"\$\{(?:oc\.select:)?((?:hardware|model|recipe)\.\w+)", entry.value)
+    for key, f in group_schema.keys(group_schema.DataSchema).items():
+        match = re.match(r"\$\{(?:oc\.select:)?((?:hardware|model|recipe)\.\w+)", str(f.default))
         if match:
             found[key] = match.group(1)
     assert found == MIRRORS

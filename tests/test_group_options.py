@@ -1,7 +1,7 @@
-"""A group's option read alone (imgcls.config.compose.group_option: a checkpoint's precision, recipe/qat's
-calibration defaults, a hardware profile's loader workers) is what composition puts into the group: the file's
-defaults list (its group's schema, the options it extends) merged in. The file by itself (OmegaConf.load) lacks
-every key those set."""
+"""Every option of every group extends its group's schema (config/schema.py), and read alone
+(imgcls.config.compose.group_option: a checkpoint's precision, recipe/qat's calibration defaults, a hardware
+profile's loader workers) it is what composition puts into the group: the file's defaults list (the schema, the
+options it extends) merged in. The file by itself (OmegaConf.load) lacks every key those set."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ EVERY_OPTION = [(group, option) for group in schema.GROUPS if group for option i
 @pytest.mark.parametrize(("group", "option"), EVERY_OPTION)
 def test_an_option_read_alone_is_what_composition_puts_in_its_group(group: str, option: str) -> None:
     composed = compose_train([f"{group}={option}"])[group]
+    assert OmegaConf.get_type(composed) is schema.GROUPS[group], f"{group}={option} does not extend its schema"
     assert OmegaConf.to_container(group_option(group, option)) == OmegaConf.to_container(composed)
 
 

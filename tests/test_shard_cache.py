@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from imgcls.config.compose import group_option
 from imgcls.config.schema import DataSchema
 from imgcls.data.shards import cache, manifest, remote, tfrecord, webdataset
 from imgcls.data.shards.__main__ import main as shards_main
@@ -25,7 +25,6 @@ from imgcls.errors import ConfigError
 from imgcls.typed_config import settings
 
 DAY = 86400.0
-BASE_YAML = Path(__file__).resolve().parents[1] / "conf" / "data" / "_base.yaml"
 
 
 def open_shard_set(cfg: dict) -> ShardSet:
@@ -303,8 +302,9 @@ def test_sizes_and_the_default_folder(tmp_path: Path, monkeypatch: pytest.Monkey
     for bad in ("", "GB", "20G", "1e9", "20 GB B"):
         with pytest.raises(ConfigError, match=r"is not a size; allowed"):
             cache.parse_size(bad)
-    # The command's default folder is conf/data/_base.yaml's data.shard_cache, with and without IMGCLS_CACHE.
-    configured = OmegaConf.load(BASE_YAML)
+    # The command's default folder is data.shard_cache's default (data/_base: the schema's), with and without
+    # IMGCLS_CACHE.
+    configured = group_option("data", "_base")
     monkeypatch.setenv("IMGCLS_CACHE", str(tmp_path / "c"))
     assert cache.default_dir() == configured.shard_cache == f"{tmp_path}/c/shards"
     monkeypatch.delenv("IMGCLS_CACHE")

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from imgcls.config import schema
+from imgcls.config.compose import compose_config
 from imgcls.config.schema import LoggerSchema, ModelSchema
 from imgcls.inference.trained import load_trained
 from imgcls.run.loggers import ResumableCSVLogger, build_loggers
+from imgcls.run.plan import train_images
 from imgcls.training.module import ClassificationModule
 from imgcls.typed_config import settings
 
@@ -56,3 +59,12 @@ def test_a_logger_set_to_null_is_off(tmp_path: Path) -> None:
     assert build_loggers(settings(LoggerSchema, {"csv": None}), tmp_path) == []
     csv_only = build_loggers(settings(LoggerSchema, {"csv": {}}), tmp_path)
     assert [type(logger) for logger in csv_only] == [ResumableCSVLogger]
+
+
+def test_synthetic_data_on_a_folder_option_counts_the_schemas_samples() -> None:
+    """data.backend=synthetic on a data option that sets no train_samples: the schema's count, read by the plan
+    and the synthetic backend alike (the code types no count of its own)."""
+    cfg = compose_config("train", ["data=folder", "data.root=/nonexistent", "data.backend=synthetic", "hardware=cpu"])
+    count = schema.defaults("data")["train_samples"]
+    assert isinstance(count, int) and cfg.data.train_samples == count
+    assert train_images(cfg.data) == (count, "data.train_samples")

@@ -607,7 +607,11 @@ class RecipeSchema:
 
 @dataclass
 class DataProgressiveSchema:
-    """data.progressive."""
+    """data.progressive: the train size grows with the epoch, val runs at end_size (imgcls/data/progressive.py).
+
+    Two schedules: a linear ramp (FFCV ffcv-imagenet train_imagenet.py get_resolution: 160->192 between start_ramp
+    and end_ramp, snapped to multiples of 32) or stages (TF2 EfficientNet --n_stages: size = base + (target - base)
+    x (stage + 1) / n_stages, epochs // n_stages epochs per stage)."""
 
     enabled: bool = field(
         default=_ref("${oc.select:recipe.stagewise,false}"),
@@ -843,8 +847,12 @@ class DataSchema:
             "shards without manifest.json: the names of labels 0..N-1 (else '0'..'N-1', or ImageNet's wnids for 1000 classes); a manifest's names win"
         ),
     )
-    train_samples: int | None = field(default=None, metadata=_about("", allowed=POSITIVE))
-    val_samples: int | None = field(default=None, metadata=_about("", allowed=POSITIVE))
+    train_samples: int = field(
+        default=1024, metadata=_about("data.backend=synthetic: images a training epoch has", allowed=POSITIVE)
+    )
+    val_samples: int = field(
+        default=1024, metadata=_about("data.backend=synthetic: images a validation has", allowed=POSITIVE)
+    )
     channels_last: bool = field(
         default=_ref("${model.channels_last}"),
         metadata=_about(

@@ -8,13 +8,15 @@ Drawing samples in loader workers and copying them to the GPU measured the host 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from imgcls.data.bad_images import BadImageLog
 from imgcls.data.protocol import LoaderSpec
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema
 
 
 class SyntheticBatches:
@@ -80,21 +82,22 @@ class SyntheticBackend:
     """data.backend=synthetic: SyntheticBatches for each split and rank, no input pipeline (NVIDIA --data-backend
     synthetic)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DataSchema) -> None:
         self.cfg = cfg
-        self.classes = [str(i) for i in range(int(cfg.num_classes))]
+        assert cfg.num_classes is not None, "config.checks refuses data.backend=synthetic without data.num_classes"
+        self.classes = [str(i) for i in range(cfg.num_classes)]
         self.bad_images = BadImageLog("skip")  # generated tensors: never a bad file, but the same interface
 
     def loader(self, spec: LoaderSpec) -> SyntheticBatches:
         # Progressive resizing does not apply: synthetic images keep the model's size.
         training = spec.split == "train"
-        count = int(self.cfg.get("train_samples" if training else "val_samples") or 1024)
+        count = self.cfg.train_samples if training else self.cfg.val_samples
         per_rank = count // spec.world_size
         steps = per_rank // spec.batch_size if training else -(-per_rank // spec.batch_size)  # train: no partial
         return SyntheticBatches(
             max(steps, 1), spec.batch_size, int(self.cfg.image_size), len(self.classes),
             seed=spec.seed * 1_000_003 + 2 * spec.rank + (0 if training else 1),  # a fresh batch per split and rank
-            channels_last=bool(self.cfg.get("channels_last")), device=spec.device,
+            channels_last=self.cfg.channels_last, device=spec.device,
         )  # fmt: skip
 
     def on_device(self, batch: Any) -> Any:

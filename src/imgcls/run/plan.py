@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -31,6 +31,9 @@ from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError
 from imgcls.training.scheduler import recipe_steps, scaled_lr, warmup_steps
 from imgcls.typed_config import to_dict
+
+if TYPE_CHECKING:
+    from imgcls.config.schema import DataSchema, TrainerSchema
 
 
 @dataclass(frozen=True)
@@ -107,12 +110,12 @@ def make_plan(
     )
 
 
-def _requested(trainer_cfg: Any) -> tuple[Any, str, int]:
+def _requested(trainer_cfg: TrainerSchema) -> tuple[Any, str, int]:
     """trainer.devices (a digit string as its int), trainer.accelerator and trainer.num_nodes."""
     devices = trainer_cfg.devices
     if isinstance(devices, str) and devices not in ("auto", "-1"):
         devices = int(devices) if devices.isdigit() else devices
-    return devices, str(trainer_cfg.accelerator), int(trainer_cfg.get("num_nodes") or 1)
+    return devices, str(trainer_cfg.accelerator), trainer_cfg.num_nodes
 
 
 def _count(devices: Any) -> int:
@@ -124,7 +127,7 @@ def _count(devices: Any) -> int:
     return int(devices)
 
 
-def machine_refusal(trainer_cfg: Any) -> str | None:
+def machine_refusal(trainer_cfg: TrainerSchema) -> str | None:
     """Why this machine cannot run trainer.accelerator with trainer.devices, as the one line training stops with
     (world_size_of), and mode=plan prints for a plan of this machine; None when it can. The one home of these
     checks: a plan that passed where training then refused was the mistake this function exists to stop."""
@@ -145,7 +148,7 @@ def machine_refusal(trainer_cfg: Any) -> str | None:
     return None
 
 
-def world_size_of(trainer_cfg: Any, check_devices: bool = True) -> int:
+def world_size_of(trainer_cfg: TrainerSchema, check_devices: bool = True) -> int:
     """devices x nodes; with check_devices, checked against what this machine has (machine_refusal), and
     trainer.devices=auto on GPUs counted as this machine's GPUs."""
     if check_devices and (refusal := machine_refusal(trainer_cfg)) is not None:
@@ -168,7 +171,7 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
     per_device, global_batch, row_wd = lookup_batch(
         table, str(cfg.model.batch_profile), cfg.precision.memory_class, cfg.hardware.name
     )
-    per_device = per_device // int(cfg.model.get("batch_divisor") or 1)
+    per_device = per_device // int(cfg.model.batch_divisor)
     if cfg.recipe.global_batch_size is not None:
         global_batch = int(cfg.recipe.global_batch_size)
     world_size = world_size_of(cfg.trainer, check_devices)
@@ -185,23 +188,23 @@ def resolve_plan(cfg: DictConfig, check_devices: bool = True) -> RunPlan:
         world_size=world_size,
         lr_per_256=float(cfg.recipe.lr_per_256),
         weight_decay=float(weight_decay),
-        lr=cfg.recipe.get("lr"),
+        lr=cfg.recipe.lr,
     )
 
 
-def train_images(data_cfg: Any) -> tuple[int | None, str]:
+def train_images(data_cfg: DataSchema) -> tuple[int | None, str]:
     """The number of training images and where it came from: `data.train_images` (ImageNet's published
     count), else the files of data.root/train when that folder exists (a listing; no image is opened), or the
     train count of a shard dataset (data.format=webdataset|tfrecord)."""
-    if data_cfg.get("train_images"):
-        return int(data_cfg.train_images), "data.train_images"
-    if data_cfg.get("backend") == "synthetic":
-        return int(data_cfg.get("train_samples") or 1024), "data.train_samples"
-    root = data_cfg.get("root")
-    if str(data_cfg.get("format") or "folder") != "folder" and root not in (None, "???"):
+    if data_cfg.train_images:
+        return data_cfg.train_images, "data.train_images"
+    if data_cfg.backend == "synthetic":
+        return data_cfg.train_samples, "data.train_samples"
+    root = None if OmegaConf.is_missing(data_cfg, "root") else data_cfg.root  # `???`: a root the user has not set
+    if data_cfg.format != "folder" and root is not None:
         # The manifest's counts (without one: DALI index files or a scan of the shards' headers).
         return open_shard_set(data_cfg).count("train"), f"{data_cfg.format} shards in {root}"
-    train = Path(str(root)) / "train" if root not in (None, "???") else None
+    train = Path(str(root)) / "train" if root is not None else None
     if train is None or not train.is_dir():
         return None, "unknown: set data.train_images=N"
     count = sum(1 for d in os.scandir(train) if d.is_dir() for f in os.scandir(d.path) if f.is_file())
@@ -227,7 +230,7 @@ def describe(cfg: DictConfig, checked: bool = False) -> dict[str, Any]:
         "accelerator": str(cfg.trainer.accelerator),  # which device the run trains on: a GPU profile or the CPU
         "precision": str(cfg.precision.name), "precision_runs_as": _runs_as(cfg), "data.backend": str(cfg.data.backend),
         "recipe": str(recipe.name), "epochs": epochs, "optimizer": str(recipe.optimizer),
-        "schedule": str(recipe.get("schedule") or "cosine"), "warmup_epochs": float(recipe.warmup_epochs),
+        "schedule": str(recipe.schedule), "warmup_epochs": float(recipe.warmup_epochs),
         **plan.as_dict(), "train_images": images, "train_images_from": source,
     }  # fmt: skip
     if images:
@@ -238,7 +241,7 @@ def describe(cfg: DictConfig, checked: bool = False) -> dict[str, Any]:
             steps_per_epoch=total // epochs, total_steps=total, warmup_steps=warmup_steps(total, epochs,
             float(recipe.warmup_epochs)),
         )  # fmt: skip
-    expected = cfg.get("expected")
+    expected = cfg.expected
     summary["expected"] = OmegaConf.to_container(expected, resolve=True) if expected else None
     hours_here = _hours_here(cfg, plan)
     if hours_here:
@@ -268,7 +271,7 @@ def plans_this_machine(cfg: DictConfig) -> bool:
 def _hours_here(cfg: DictConfig, plan: RunPlan) -> str | None:
     """NVIDIA's training time of a published experiment scaled to the planned model, machine, precision and GPU
     count by NVIDIA's throughput tables; None when the plan is the published run (or it has no time)."""
-    expected = cfg.get("expected") or {}
+    expected = cfg.expected or {}  # an experiment's published result, free-form: its keys are optional
     published, hours = expected.get("published_on"), expected.get("hours")
     if not published or hours is None:
         return None
