@@ -83,6 +83,7 @@ ALLOWED: dict[str, str] = {
     "config/overrides.py::parse": "command: the command line's overrides",
     "config/overrides.py::check_group_choices": "command: the command line's group choices",
     "config/overrides.py::_check_groups": "command: the command line's groups",
+    "config/overrides.py::_check_yaml_values_of_own_dirs": "command: a YAML value Hydra composes before any check",
     "config/hardware.py::refuse_auto_on_a_cluster_launcher": "command: a SLURM sweep sized before auto resolves",
     "config/hardware.py::launch_of": "machine: the layout torchrun or srun gave this process",
     "bench/training.py::BenchmarkTimer.on_train_start": "data: an epoch shorter than the benchmark's timed window",

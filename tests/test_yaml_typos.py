@@ -55,6 +55,15 @@ OPTION_TYPOS: dict[str, tuple[str, str, str, str]] = {
 }  # fmt: skip
 
 
+# A value the group's schema field cannot hold, in a user's conf/local/default.yaml: (its YAML, the line's text).
+# Was: Hydra's multi-line ValidationError (and a traceback from imgcls's own pre-check), exit 1.
+VALUE_TYPOS: dict[str, tuple[str, str]] = {
+    "data": ("data:\n  num_workers: abc\n", "data.num_workers=abc must be an integer >= 0"),
+    "recipe": ("recipe:\n  nesterov: maybe\n", "recipe.nesterov=maybe must be true or false"),
+    "precision": ("precision:\n  tf32: sometimes\n", "precision.tf32=sometimes must be true or false"),
+}
+
+
 def conf_copy(folder: Path, edits: dict[str, str]) -> Path:
     """A copy of conf/ with these files (relative path -> text appended; a new file where there is none)."""
     copy = folder / "conf"
@@ -104,6 +113,15 @@ def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subproc
     (mine / "site" / "workers.yaml").write_text("# @package data\nnum_worker: 4\n")
     cases["own group"] = train(mine.parent, "--config-dir", str(mine), "+site=workers"), mine / "site" / "workers.yaml"
 
+    # A value of the wrong type for its schema field (OmegaConf refuses it while Hydra composes the file).
+    for group, (text, _) in VALUE_TYPOS.items():
+        in_a_copy(f"{group} value", "local/default.yaml", LOCAL + text)
+    (mine / "recipe" / "bad_value.yaml").write_text("defaults:\n  - _base\n  - _self_\nname: bad\nnesterov: maybe\n")
+    cases["own option value"] = (
+        train(mine.parent, "--config-dir", str(mine), "recipe=bad_value"),
+        mine / "recipe" / "bad_value.yaml",
+    )
+
     results = run_clis({case: args for case, (args, _) in cases.items()}, timeout=300)
     return {case: (result, cases[case][1]) for case, result in results.items()}
 
@@ -129,6 +147,17 @@ def test_a_typo_in_the_users_local_file_is_refused_naming_the_file(refused: dict
 def test_a_typo_in_a_shipped_or_own_option_is_refused_naming_it(refused: dict, case: str, key: str, meant: str) -> None:
     result, file = refused[case]
     assert_one_line_error(result, f"{file}: {key} is not ", f"did you mean {meant}?")
+
+
+@pytest.mark.parametrize("group", list(VALUE_TYPOS))
+def test_a_value_of_the_wrong_type_in_a_yaml_file_is_one_line_naming_it(refused: dict, group: str) -> None:
+    result, file = refused[f"{group} value"]
+    assert_one_line_error(result, f"{file}: {VALUE_TYPOS[group][1]}")
+
+
+def test_a_value_of_the_wrong_type_in_an_own_option_is_one_line_naming_it(refused: dict) -> None:
+    result, file = refused["own option value"]
+    assert_one_line_error(result, f"{file}: recipe.nesterov=maybe must be true or false")
 
 
 def test_a_local_file_without_its_package_line_is_refused_saying_so(refused: dict) -> None:

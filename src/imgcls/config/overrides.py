@@ -15,7 +15,9 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -23,7 +25,7 @@ from hydra._internal.utils import get_args_parser  # Hydra's own flags: no publi
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
@@ -64,6 +66,7 @@ def check_command_line(config_name: str, argv: list[str], table: dict[str, Check
     `+`; known: in the composed config or matched by `table`), or anything else Hydra refuses to compose."""
     command_line = override_args(argv)
     if command_line is None:
+        _check_yaml_values_of_own_dirs(config_name, argv, table)
         return
     args, multirun = command_line
     parsed = [parse(arg, config_name) for arg in args]
@@ -204,6 +207,31 @@ def _jobs(overrides: Iterable[Override], multirun: bool) -> list[str]:
     return [job for job in (_one_job(o, multirun) for o in overrides) if job is not None]
 
 
+def _check_yaml_values_of_own_dirs(config_name: str, argv: list[str], table: dict[str, Check] | None) -> None:
+    """--config-path/--config-dir (a user's own conf/ or options): the command line is Hydra's affair, but a YAML
+    value of the wrong type there would end in Hydra's multi-line error, exit 1. Composed once as Hydra will (the
+    primary folder, the extra one in the search path) only to turn that error into imgcls's one line; any other
+    failure is left to Hydra, which reports it when it composes."""
+    args = get_args_parser().parse_args(argv)
+    own = (args.help, args.hydra_help, args.info, args.shell_completion, args.experimental_rerun, args.config_name)
+    if any(own) or not (args.config_path or args.config_dir):
+        return
+    primary = Path(args.config_path) if args.config_path else CONF_DIR
+    if not primary.is_absolute():  # hydra.main's config_path is relative to the file declaring it (imgcls/cli.py)
+        primary = CONF_DIR.parent / primary
+    extra = [f"hydra.searchpath=[file://{Path(args.config_dir).resolve()}]"] if args.config_dir else []
+    jobs = [a for a in args.overrides if "," not in a.split("=", 1)[-1]]  # one job of a sweep is enough here
+    try:
+        with initialize_config_dir(config_dir=str(primary.resolve()), version_base="1.3"):
+            compose(config_name=config_name, overrides=[*jobs, *extra])
+    except (HydraException, OmegaConfBaseException) as exc:
+        dirs = (primary, *([Path(args.config_dir)] if args.config_dir else []))
+        if (line := _yaml_value_error(exc, table, dirs)) is not None:
+            raise ConfigError(line) from None
+    except Exception:  # noqa: BLE001 - Hydra names whatever else it refuses when it composes for the run
+        return
+
+
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
     if GlobalHydra.instance().is_initialized():  # called inside a Hydra app: its config dir
         return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
@@ -302,6 +330,8 @@ def _composition_error(
     choices compose), an unknown choice of a group of Hydra's own, or Hydra's message on one line."""
     if (bad_value := _value_error(parsed, exc, table)) is not None:
         return bad_value
+    if (bad_yaml := _yaml_value_error(exc, table)) is not None:
+        return bad_yaml
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
         group, _, value = exc.missing_cfg_file.rpartition("/")
         return _unknown_choice(group, value, sorted(exc.options))
@@ -327,6 +357,33 @@ def _composition_error(
         _check_groups(config_name, parsed)
     lines = [line.strip().rstrip(".") for line in str(exc).split("Config search path")[0].splitlines()]
     return "; ".join(line for line in lines if line)
+
+
+def _yaml_value_error(exc: Exception, table: dict[str, Check] | None, dirs: tuple[Path, ...] = ()) -> str | None:
+    """A value of the wrong type in a YAML file (conf/local/default.yaml, an experiment, an option): OmegaConf refuses
+    it against the group's schema while Hydra composes that file, before any imgcls check runs. One line naming the
+    file, the key, the value and what is allowed (the key's range where it has one, else OmegaConf's type)."""
+    cause = exc.__cause__ or exc.__context__
+    if not isinstance(exc, ConfigCompositionException) or not isinstance(cause, ValidationError) or not cause.full_key:
+        return None
+    key, value = str(cause.full_key), cause.value
+    found = re.match(r"In '([^']+)'", str(exc))
+    where = None
+    for folder in (*dirs, CONF_DIR) if found else ():  # Hydra's search order: the user's folders first
+        if (path := folder / f"{found.group(1)}.yaml").is_file():
+            where = "conf/" + found.group(1) + ".yaml" if folder == CONF_DIR else _shown_path(path)
+            break
+    rule = rule_for(key, table) if table is not None else None
+    allowed = rule(value) if rule is not None else None
+    if allowed is None:  # no range, or one the value meets as text: OmegaConf's own words for the type
+        allowed = "a value of type " + str(cause.msg).splitlines()[0].rsplit(" to ", 1)[-1]
+    line = f"{key}={value} must be {allowed}"
+    return f"{where}: {line}" if where else line
+
+
+def _shown_path(path: Path) -> str:
+    resolved = path.resolve()
+    return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else str(resolved)
 
 
 def _check_groups(config_name: str, parsed: list[Override]) -> None:
