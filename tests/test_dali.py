@@ -918,3 +918,12 @@ def test_a_loaders_pipeline_is_shut_down_in_imgcls_thread_not_the_callers() -> N
     pipe = Pipe()
     _release([pipe], None).result(timeout=10)
     assert pipe.thread == "imgcls-dali-shutdown" and pipe._pipe is None
+
+
+def test_prefetch_factor_null_is_the_default_queue_depth() -> None:
+    from imgcls.data.dali.settings import DaliSettings
+
+    unset = DaliSettings.from_config(data_cfg(Path("/unused"), "data.prefetch_factor=null"), gpu=False)
+    assert unset.prefetch_queue_depth == 2
+    deep = DaliSettings.from_config(data_cfg(Path("/unused"), "data.prefetch_factor=4"), gpu=False)
+    assert deep.prefetch_queue_depth == 4

@@ -275,8 +275,11 @@ def backend_rows(root: Path, args: dict[str, Any], backend: str, *extra: str, ro
     from imgcls.data.protocol import LoaderSpec
 
     loader = make_backend(data_config(root, args, backend, *extra)).loader(LoaderSpec("train", args["batch_size"]))
-    if row and getattr(loader, "host_resize", None) is not None:
-        loader.host_resize = RESIZES[row] = TimedResize(loader.host_resize)
+    if row:  # a dali_cpu row: its torch resize is timed
+        from imgcls.data.dali.loader import DaliLoader
+
+        if isinstance(loader, DaliLoader) and loader.host_resize is not None:
+            loader.host_resize = RESIZES[row] = TimedResize(loader.host_resize)
     return lambda: loader
 
 

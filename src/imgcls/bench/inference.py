@@ -27,12 +27,14 @@ from torch import nn
 
 from imgcls.config.checks import EVALUATE, check_config
 from imgcls.config.compose import model_config, precision_config, required_ckpt
+from imgcls.config.schema import ModelSchema
 from imgcls.errors import ConfigError
 from imgcls.inference.onnx_model import OnnxModel, is_onnx_path, load_onnx
 from imgcls.inference.trained import load_trained
 from imgcls.models.factory import build_network
 from imgcls.storage import write_json_atomic
 from imgcls.training.precision import set_tf32
+from imgcls.typed_config import settings
 
 COLUMNS = ("batch_size", "throughput_ips", "latency_avg_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms")
 HEADERS = (
@@ -165,13 +167,12 @@ def cpu_name() -> str:
 
 def _network(cfg: DictConfig) -> tuple[nn.Module, str, int, Any]:
     """(net, arch, image size, precision config) from ckpt=, else model=NAME with random weights."""
-    ckpt = required_ckpt(cfg, needed=cfg.get("model") is None)
     model_cfg = model_config(cfg)
-    if ckpt is None:
+    if model_cfg is not None and required_ckpt(cfg, needed=False) is None:
         precision = precision_config(cfg)
-        net = build_network(OmegaConf.create({**model_cfg, "weights": None}), 1000)
+        net = build_network(settings(ModelSchema, {**model_cfg, "weights": None}), 1000)
         return net.eval(), model_cfg["arch"], int(model_cfg["image_size"]), precision
-    trained = load_trained(ckpt, bool(cfg.use_ema), model_cfg=model_cfg)
+    trained = load_trained(required_ckpt(cfg), bool(cfg.use_ema), model_cfg=model_cfg)
     precision = precision_config(cfg, trained.precision)
     return trained.net, trained.arch, int(trained.preprocessing.get("image_size") or 224), precision
 

@@ -139,6 +139,7 @@ def _parts(cfg: DictConfig, total_steps: int, imgcls_optimizer: bool = False) ->
 
     from imgcls.data.datamodule import ClassificationDataModule
     from imgcls.data.protocol import LoaderSpec
+    from imgcls.data.synthetic import SyntheticBatches
     from imgcls.run.plan import resolve_plan
     from imgcls.training.module import ClassificationModule
     from imgcls.training.optimizer import build_optimizer, parameter_groups
@@ -158,7 +159,10 @@ def _parts(cfg: DictConfig, total_steps: int, imgcls_optimizer: bool = False) ->
     net = module.net.to(device)
     if cfg.get("compile"):
         net.compile()
-    images, labels = datamodule.backend.loader(LoaderSpec("train", plan.per_device_batch, device=device)).batch()
+    loader = datamodule.backend.loader(LoaderSpec("train", plan.per_device_batch, device=device))
+    if not isinstance(loader, SyntheticBatches):  # DEFAULTS' data=synthetic: the one batch made on the device
+        raise TypeError(f"bench.overhead times data=synthetic's batch, not a {type(loader).__name__}'s")
+    images, labels = loader.batch()
     recipe = module.recipe
     fused = imgcls_optimizer or recipe.optimizer == "sgd"
     groups = parameter_groups(net, plan.weight_decay, str(recipe.weight_decay_on))

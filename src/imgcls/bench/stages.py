@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from imgcls.bench import startup
 
@@ -139,8 +140,6 @@ def run(argv: list[str]) -> None:
         steps["n"] += 1
         return out
 
-    ClassificationModule.training_step = training_step
-
     class Marks(L.Callback):
         def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             if steps["n"] == 1:
@@ -159,7 +158,9 @@ def run(argv: list[str]) -> None:
     imgcls.run.train.training_callbacks = training_callbacks
     sys.argv = [str(startup.REPO / "train.py"), *overrides]
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        # patch.object: mypy refuses a plain assignment to a method, which this wrapper for the run is.
+        with mock.patch.object(ClassificationModule, "training_step", training_step):
+            runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as exc:
         if exc.code:
             raise

@@ -25,11 +25,13 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from imgcls.config.compose import compose_train, model_config, required_ckpt
+from imgcls.config.schema import DataSchema
 from imgcls.data.imagenet_classes import display_names
 from imgcls.data.transforms import val_transform
 from imgcls.errors import ConfigError, DataError
 from imgcls.inference.onnx_model import load_onnx
 from imgcls.inference.trained import PREPROCESSING_KEYS, load_trained
+from imgcls.typed_config import settings
 
 
 class Predictor:
@@ -105,7 +107,7 @@ def classify(predictor: Predictor, paths: list[Path], batch_size: int = 32, topk
     """One result per path: {"path", "top": [{"class", "name", "prob"}...]} or {"path", "error"}."""
     if batch_size <= 0:
         raise ConfigError(f"batch_size={batch_size} must be positive")
-    transform = val_transform(OmegaConf.create(predictor.preprocessing))
+    transform = val_transform(settings(DataSchema, predictor.preprocessing))
     names = display_names(predictor.classes)
     k = min(topk, len(predictor.classes))
     results: list[dict[str, Any]] = []

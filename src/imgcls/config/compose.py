@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -113,6 +113,14 @@ def compose_train(overrides: list[str]) -> DictConfig:
     """The train config for these overrides: its model, data and precision groups give the defaults of
     what a weights-only file does not say. Works inside a running Hydra app and outside one (tests)."""
     return compose_config("train", overrides)
+
+
+@overload
+def required_ckpt(cfg: DictConfig, needed: Literal[True] = ...) -> str: ...
+
+
+@overload
+def required_ckpt(cfg: DictConfig, needed: bool) -> str | None: ...
 
 
 def required_ckpt(cfg: DictConfig, needed: bool = True) -> str | None:

@@ -369,9 +369,10 @@ def _yaml_value_error(exc: Exception, table: dict[str, Check] | None, dirs: tupl
     key, value = str(cause.full_key), cause.value
     found = re.match(r"In '([^']+)'", str(exc))
     where = None
-    for folder in (*dirs, CONF_DIR) if found else ():  # Hydra's search order: the user's folders first
-        if (path := folder / f"{found.group(1)}.yaml").is_file():
-            where = "conf/" + found.group(1) + ".yaml" if folder == CONF_DIR else _shown_path(path)
+    name = found.group(1) if found else ""
+    for folder in (*dirs, CONF_DIR) if name else ():  # Hydra's search order: the user's folders first
+        if (path := folder / f"{name}.yaml").is_file():
+            where = f"conf/{name}.yaml" if folder == CONF_DIR else _shown_path(path)
             break
     rule = rule_for(key, table) if table is not None else None
     allowed = rule(value) if rule is not None else None

@@ -8,7 +8,7 @@ content decides the format, not its name). A file that is not completely decodab
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from PIL import Image
@@ -19,8 +19,9 @@ from imgcls.data.file_list import FileList
 from imgcls.seeding import seeded
 
 
-def load_rgb(path: str) -> Image.Image:
-    """Decode the whole file (so truncation is detected now, not in a transform) into 8-bit RGB."""
+def load_rgb(path: str | IO[bytes]) -> Image.Image:
+    """Decode the whole file (so truncation is detected now, not in a transform) into 8-bit RGB. `path`: a file's
+    path, or a file object (a shard's record in memory)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -21,13 +21,14 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omegaconf import DictConfig
 
 from imgcls.config.choices import EXPORT_FORMATS
 from imgcls.config.compose import compose_train, model_config, required_ckpt
+from imgcls.config.schema import DataSchema
 from imgcls.errors import ConfigError, DataError
 from imgcls.export import int8, triton
 from imgcls.inference.onnx_model import METADATA_KEY  # the one reader's key, so writer and reader agree
@@ -81,10 +82,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "weights": export_weights,
         "onnx": lambda t, path: export_onnx(t, path, opset),
         "torchscript": export_torchscript,
-        "int8": lambda t, path: quantization.update(
-            int8.write_int8(t, path, calibration_data(cfg, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
-        ),
     }
+    if int8_opts is not None:  # format=int8
+        writers["int8"] = lambda t, path: quantization.update(
+            int8.write_int8(t, path, calibration_data(cfg, ckpt), int8_opts, lambda p: export_onnx(t, p, opset))
+        )
     # The user's file at output= stays whole until the new one is complete (storage.write_atomic).
     write_atomic(output, lambda path: writers[fmt](trained, path))
     summary = {
@@ -108,7 +110,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-def calibration_data(cfg: DictConfig, ckpt: str) -> DictConfig:
+def calibration_data(cfg: DictConfig, ckpt: str) -> DataSchema:
     """The data config calibration reads: the user's train config (data=folder) with data.root= (required),
     data.num_workers= and data.on_bad_image= of the command line. Never the checkpoint's: its stored root, format
     or cache is the file's author's choice, not the user's (a `pipe:` root runs a shell command)."""
@@ -117,7 +119,9 @@ def calibration_data(cfg: DictConfig, ckpt: str) -> DictConfig:
         raise DataError(f"format=int8 needs data.root=DIR (training images to calibrate on) for ckpt={ckpt}")
     train_cfg = compose_train(["data=folder"])
     train_cfg.data.root = str(given["root"])
-    return merge(to_dict(train_cfg.data, resolve=True), given)
+    # The composed data group, resolved, with the command line's data keys on it: every key of DataSchema (Hydra's
+    # pattern: code typed with the schema reads a DictConfig made from it).
+    return cast(DataSchema, merge(to_dict(train_cfg.data, resolve=True), given))
 
 
 def export_weights(trained: TrainedModel, path: Path) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from imgcls.config.checks import choice, integer, number
+from imgcls.config.schema import DataSchema
 from imgcls.errors import ConfigError
 from imgcls.inference.onnx_model import METADATA_KEY
 from imgcls.inference.trained import TrainedModel
@@ -93,7 +94,7 @@ def _reader(batches: list[np.ndarray], input_name: str) -> Any:
 def write_int8(
     trained: TrainedModel,
     path: Path,
-    data_cfg: DictConfig,
+    data_cfg: DataSchema,
     opts: dict[str, Any],
     write_fp32: Callable[[Path], None],
 ) -> dict[str, Any]:
@@ -149,7 +150,7 @@ def write_int8(
             **({"percentile": opts["percentile"]} if opts["method"] == "percentile" else {}),
             "calibration_images": sum(len(b) for b in batches),
             "calibration_seed": opts["seed"],
-            "calibration_root": str(data_cfg.get("root")),
+            "calibration_root": str(data_cfg.root),
             "calibration_preprocessing": "val",
             "tool": _ort_version(),
         }

@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from imgcls.config.schema import DataSchema
 from imgcls.data.transforms import val_resize_size
 from imgcls.errors import ConfigError, StorageError
 from imgcls.inference.trained import TrainedModel
 from imgcls.storage import readable_mode
+from imgcls.typed_config import settings
 
 INPUT, OUTPUT = "images", "logits"  # the names export_onnx gives the graph's input and output
 PRECISIONS = ("fp32", "fp16")
@@ -194,7 +196,7 @@ def build_engine(version_dir: Path, size: int, max_batch: int, precision: str) -
 def readme_text(trained: TrainedModel, target: Path, opts: dict[str, Any]) -> str:
     pre = trained.preprocessing
     size = int(pre["image_size"])
-    resize = val_resize_size(OmegaConf.create(pre), size)
+    resize = val_resize_size(settings(DataSchema, pre), size)
     mean, std = list(pre["mean"]), list(pre["std"])
     return f"""# {target.name}: {trained.arch}, {len(trained.classes)} classes (exported by imgcls)
 

@@ -21,6 +21,7 @@ few hundred training images (data.root=DIR).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -82,13 +83,15 @@ def calibration_batches(
         raise ConfigError(f"calibration.batch_size={batch_size} must be a positive whole number (e.g. 32)")
     dataset = calibration_dataset(data_cfg, preprocessing, augment)
     bad_images = BadImageLog(str(data_cfg.on_bad_image))
+    assert dataset.files is not None, "calibration_dataset gives its dataset the split's file list"
     order: list = spread_pick(dataset.files.targets.tolist(), seed)
     if augment:  # (index, augmentation seed): CheckedImageFolder runs the transform under that seed
         order = [(index, sample_seed(seed, 0, index)) for index in order]
     workers = int(data_cfg.num_workers)
     # The whole pick order, read in batch_size chunks until enough good images are there: a skipped bad file
     # is replaced by the next one of the pick, not by a short calibration.
-    loader = DataLoader(
+    # The items are CheckedImageFolder's: an (image, label) pair or a BadSample, typed Any there.
+    loader: DataLoader[Any] = DataLoader(
         torch.utils.data.Subset(dataset, order),
         batch_size=batch_size,
         shuffle=False,

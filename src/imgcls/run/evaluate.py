@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from imgcls.callbacks.report import ReportCallback
 from imgcls.config.checks import EVALUATE, check_config
 from imgcls.config.compose import compose_train, model_config, precision_config, required_ckpt
+from imgcls.config.schema import DataSchema
 from imgcls.data.datamodule import ClassificationDataModule
 from imgcls.errors import CheckpointError, ConfigError, DataError
 from imgcls.inference.onnx_model import is_onnx_path, load_onnx
@@ -42,6 +43,13 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in to_dict(cfg.data).items() if v is not None}
 
 
+def _data_settings(data_cfg: DictConfig) -> DataSchema:
+    """DATA_CFG typed as the data settings it is: the train config's composed data group (data=folder), resolved,
+    with the file's preprocessing and the command line's data keys merged on, has every key of DataSchema (Hydra's
+    pattern: code typed with the schema reads a DictConfig made from it)."""
+    return cast(DataSchema, data_cfg)
+
+
 def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: str) -> ClassificationDataModule:
     """The data of data_cfg, refused in one line when its classes are not the model's."""
     count = data_cfg.get("num_classes")
@@ -49,7 +57,7 @@ def val_data(data_cfg: DictConfig, batch_size: int, classes: list[str], ckpt: st
         # Shards without manifest.json (NVIDIA's TFRecords from build_imagenet_data.py) carry label numbers only: the
         # checkpoint names them, in its label order. A manifest's names win and are compared below.
         data_cfg = merge(data_cfg, {"class_names": list(classes)})
-    datamodule = ClassificationDataModule(data_cfg, batch_size=batch_size)
+    datamodule = ClassificationDataModule(_data_settings(data_cfg), batch_size=batch_size)
     if datamodule.classes != classes:
         raise DataError(
             f"data.root={data_cfg.root} has {len(datamodule.classes)} classes that differ from the "
@@ -165,7 +173,7 @@ def evaluate_onnx(cfg: DictConfig, ckpt: str) -> dict[str, Any]:
         "val.loss": float(loss.compute()),
         **timer.summary("val", 1),
     }
-    document = {
+    document: dict[str, Any] = {
         "ckpt": ckpt,
         "model": model.arch,
         "weights": "ema" if model.metadata.get("ema") else "raw",
@@ -213,7 +221,7 @@ def _weights_only(cfg: DictConfig, ckpt: str, blob: Any) -> tuple[TrainedModel, 
         ckpt,
         bool(cfg.use_ema),
         model_cfg=model_cfg,
-        classes=ClassificationDataModule(merge(data_cfg, data_overrides(cfg)), batch_size=1).classes,
+        classes=ClassificationDataModule(_data_settings(merge(data_cfg, data_overrides(cfg))), batch_size=1).classes,
         preprocessing={k: data_cfg.get(k) for k in PREPROCESSING_KEYS},
         blob=blob,
     )

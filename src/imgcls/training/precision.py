@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
@@ -12,6 +12,10 @@ from omegaconf import DictConfig
 
 from imgcls.config.hardware import precision_runs_as, runs_on_cuda
 from imgcls.training.rmsprop import SkipsOverflowedSteps
+
+if TYPE_CHECKING:
+    # The precision names Trainer(precision=) is typed with; Lightning exports no public alias of them.
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +27,14 @@ def set_tf32(enabled: bool) -> None:
     torch.set_float32_matmul_precision("high" if enabled else "highest")
 
 
-def resolve_precision(cfg: DictConfig, accelerator: str) -> tuple[str | None, list[Any]]:
+def resolve_precision(cfg: DictConfig, accelerator: str) -> tuple[_PRECISION_INPUT | None, list[Any]]:
     """Return (Trainer precision, plugins).
 
     AMP (fp16) without CUDA falls back to bf16 with a warning: fp16 on a CPU is slow and not what a user
     asking for `precision=amp` on a laptop wants. `precision.cpu_fp16=true` asks for real fp16 autocast
     and loss scaling on the CPU instead (torch's CPU autocast and GradScaler("cpu")), so the scaler path
-    NVIDIA's AMP recipes rely on runs, and is tested, without a GPU."""
+    NVIDIA's AMP recipes rely on runs, and is tested, without a GPU. The name is precision.lightning as the
+    precision file says it, which the config checks leave to Lightning: Trainer refuses one it lacks."""
     name = cfg.lightning
     uses_cuda = runs_on_cuda(accelerator)
     device = "cuda" if uses_cuda else "cpu"

@@ -9,7 +9,7 @@ import math
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +189,8 @@ class DaliLoader:
         batch_size, rank, world_size = spec.batch_size, spec.rank, spec.world_size
         drop_last = spec.split == "train"
         self.channels_last = settings.channels_last
-        self.host_resize = host_resize
+        # Only called: a HostResize, or one wrapped to time its calls (bench.data).
+        self.host_resize: Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor] | None = host_resize
         self.files = files
         self.bad_images = bad_images or BadImageLog("skip")
         self.batch_size = batch_size
@@ -420,6 +421,7 @@ class DaliLoader:
             if len(index) < (2 if self.drop_last else 1):
                 return _Batch(read, bad, None)
         if self.host_resize is not None:  # writes a new batch: no buffer shared with DALI
+            assert mirror is not None, "the torch resize's pipeline outputs its crops' flips (backend.py)"
             images = self.host_resize(images, mirror)
         elif self.channels_last:  # NHWC from CMN -> an NCHW view with channels_last strides
             images = images.permute(0, 3, 1, 2)

@@ -79,7 +79,8 @@ class DaliSettings:
             channels_last=cfg.channels_last,
             fp16=cfg.dali_fp16,
             num_threads=max(1, int(cfg.num_workers)),
-            prefetch_queue_depth=max(1, int(cfg.prefetch_factor)),
+            # data.prefetch_factor=null is PyTorch's default, 2 batches: DALI's default queue depth too.
+            prefetch_queue_depth=2 if cfg.prefetch_factor is None else max(1, cfg.prefetch_factor),
             pin_memory=cfg.pin_memory,
             crop_scale=tuple(float(v) for v in cfg.train_crop_scale),
             crop_ratio=tuple(float(v) for v in cfg.train_crop_ratio),

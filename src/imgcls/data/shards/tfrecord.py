@@ -264,7 +264,7 @@ def dali_index_files(local_paths: list[str], index_dir: str | None, cache_dir: s
                 cache.used(existing)
             else:
                 text = index_text(scan_file(path))
-                write_atomic(existing, lambda tmp, text=text: tmp.write_text(text), what="DALI index file")
+                write_atomic(existing, functools.partial(Path.write_text, data=text), what="DALI index file")
         found.append(str(existing))
     return found
 

@@ -107,7 +107,9 @@ class ResumableDataLoader(DataLoader):
         # Lightning swaps in a SequentialSampler for trainer.overfit_batches: nothing to resume there.
         self._consumed = self._position = getattr(self.sampler, "pending_skip", 0)
         refill = self.drop_last and getattr(self.sampler, "world_size", 1) > 1  # training under DDP
-        batches = ((batch, self._consumed) for batch in equal_step_counts(self._usable_batches(), refill))
+        batches: Iterator[tuple[tuple[Any, Any], int]] = (
+            (batch, self._consumed) for batch in equal_step_counts(self._usable_batches(), refill)
+        )
         if self.copier is not None:
             batches = one_batch_ahead(batches, self.copier.stage, self.copier.hand_over)
         for batch, position in batches:
