@@ -212,8 +212,10 @@ def _discard_failed_run(cfg: DictConfig) -> None:
 
 def user_error(exc: BaseException) -> tuple[str, int] | None:
     """A mistake the user can act on, as (one line, exit code); None for anything else (a bug: its traceback)."""
-    if isinstance(exc, InterpolationResolutionError):  # an imgcls resolver refusing a value: its one line
-        exc = exc.__cause__ or exc.__context__ or exc
+    # An imgcls resolver refusing a value: its one line. OmegaConf wraps the resolver's error once on `cfg.get(key)`
+    # and twice on attribute access (`cfg.key` re-raises its own error with the first as the cause).
+    while isinstance(exc, InterpolationResolutionError) and (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
     if isinstance(exc, UserError):
         return str(exc), exc.exit_code
     if isinstance(exc, MissingMandatoryValue):
