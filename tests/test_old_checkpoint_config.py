@@ -37,11 +37,10 @@ def test_a_module_builds_from_an_old_checkpoints_config() -> None:
     assert module.net.eval()(torch.zeros(1, 3, 32, 32)).shape == (1, len(_stored()["classes"]))
 
 
-def test_an_old_checkpoint_loads_for_inference(tmp_path: Path) -> None:
-    hparams = _stored()
+def save_checkpoint(hparams: dict, path: Path) -> Path:
+    """A weights file as an older train.py wrote it, holding these stored hparams (model, recipe, classes)."""
     module = ClassificationModule(**hparams)
     model = hparams["model"]
-    path = tmp_path / "old.ckpt"
     torch.save(
         {
             "hyper_parameters": hparams,
@@ -51,6 +50,13 @@ def test_an_old_checkpoint_loads_for_inference(tmp_path: Path) -> None:
         },
         path,
     )  # fmt: skip
+    return path
+
+
+def test_an_old_checkpoint_loads_for_inference(tmp_path: Path) -> None:
+    hparams = _stored()
+    model = hparams["model"]
+    path = save_checkpoint(hparams, tmp_path / "old.ckpt")
     trained = load_trained(path)
     assert trained.arch == model["arch"] and trained.classes == hparams["classes"]
     assert trained.net(torch.zeros(2, 3, 32, 32)).shape == (2, len(hparams["classes"]))

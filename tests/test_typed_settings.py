@@ -16,8 +16,8 @@ from imgcls.config.schema import LoggerSchema, ModelSchema
 from imgcls.inference.trained import load_trained
 from imgcls.run.loggers import ResumableCSVLogger, build_loggers
 from imgcls.run.plan import train_images
-from imgcls.training.module import ClassificationModule
 from imgcls.typed_config import settings
+from tests.test_old_checkpoint_config import save_checkpoint
 
 STORED = Path(__file__).resolve().parent / "data" / "checkpoint_hparams.json"
 
@@ -35,20 +35,9 @@ def test_a_checkpoint_without_model_keys_the_schema_has_loads_for_inference(tmp_
     """The model keys a checkpoint lacks get the schema's defaults where a network is built from its file (before,
     inference read drop_path_rate and zero_init_last_bn of the file itself, and such a file did not load)."""
     hparams = json.loads(STORED.read_text())
-    module = ClassificationModule(**hparams)
     for key in ("drop_path_rate", "zero_init_last_bn", "drop_path_mask", "bn_momentum", "bn_eps"):
         del hparams["model"][key]
-    model = hparams["model"]
-    path = tmp_path / "older.ckpt"
-    torch.save(
-        {
-            "hyper_parameters": hparams,
-            "state_dict": module.state_dict(),
-            "imgcls": {"arch": model["arch"], "model": model, "classes": hparams["classes"],
-                       "image_size": model["image_size"], "has_ema": False},
-        },
-        path,
-    )  # fmt: skip
+    path = save_checkpoint(hparams, tmp_path / "older.ckpt")
     trained = load_trained(path)
     assert trained.net(torch.zeros(2, 3, 32, 32)).shape == (2, len(hparams["classes"]))
 
