@@ -58,9 +58,9 @@ def test_dry_run_covers_every_gpu_path_and_each_command_composes(capsys, hardwar
     configs = {}
     for path, command in plan.items():
         if path == "bare_loop":  # bench.overhead, not train.py: its flags, then train.py overrides
-            assert command[:9] == ["python", "-m", "imgcls.bench.overhead", "--steps", "40", "--warmup", "10",
-                                   "--repeats", "1"], command  # fmt: skip
-            configs[path] = overhead.compose(command[9:], 40, 10, "/tmp/unused")
+            assert command[:10] == ["python", "-m", "imgcls.bench.overhead", "--steps", "40", "--warmup", "10",
+                                    "--repeats", "1", "--no-calls"], command  # fmt: skip
+            configs[path] = overhead.compose(command[10:], 40, 10, "/tmp/unused")
             continue
         if path == "cifar_bare_loop":  # bench.bare_loop: its own flags (test_cifar_bare_loop_matches_... checks them)
             assert command[:3] == ["python", "-m", "imgcls.bench.bare_loop"], command
@@ -252,12 +252,12 @@ def overhead_table(bare_ms: float, imgcls_ms: float, batch: int = 256) -> str:
     return "\n".join([
         f"resnet50 @224 px, batch {batch}, precision=amp, gpu, 40 timed steps x 1 runs",
         "| loop | ms a step, median (min-max) | CPU ms a step | device ms a step | extra CPU ms over the bare loop "
-        "| extra host ms over the bare loop |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| extra host ms over the bare loop | Python calls a step | extra calls over the bare loop |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         f"| bare PyTorch loop | {bare_ms:.2f} ({bare_ms:.2f}-{bare_ms:.2f}) | 1.00 (1.00-1.00) | 39.00 (39.00-39.00) "
-        "| +0.00 | +0.00 |",
+        "| +0.00 | +0.00 | - | - |",
         f"| imgcls (mode=benchmark) | {imgcls_ms:.2f} ({imgcls_ms:.2f}-{imgcls_ms:.2f}) | 2.00 (2.00-2.00) | - | "
-        f"+1.00 | {imgcls_ms - bare_ms:+.2f} |",
+        f"+1.00 | {imgcls_ms - bare_ms:+.2f} | - | - |",
     ])  # fmt: skip
 
 
@@ -555,7 +555,7 @@ def test_a_row_that_exits_leaves_no_process_behind(tmp_path) -> None:
 
 def test_bare_loop_row_compares_the_resnet50_row_with_the_bare_loop(tmp_path, monkeypatch) -> None:
     check = checks(tmp_path)["bare_loop"]
-    assert check.command().startswith("python -m imgcls.bench.overhead --steps 40 --warmup 10 --repeats 1 ")
+    assert check.command().startswith("python -m imgcls.bench.overhead --steps 40 --warmup 10 --repeats 1 --no-calls ")
     assert check.directory() == tmp_path / "bare_loop"
     # bare loop 40 ms a step at batch 256: 6400 img/s; bench.overhead's own imgcls loop 41 ms: 6244 img/s
     fake = FakeRuns({"overhead": overhead_table(40.0, 41.0)})

@@ -69,7 +69,8 @@ class StepKernels(L.Callback):
         for callback in trainer.callbacks:
             if isinstance(callback, (FiniteLoss, ReportCallback)):
                 for hook in ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end"):
-                    setattr(callback, hook, self._counted(trainer, getattr(callback, hook)))
+                    if getattr(callback, hook) is not None:  # None: inherited, not called (run/hook_dispatch.py)
+                        setattr(callback, hook, self._counted(trainer, getattr(callback, hook)))
 
     def _counted(self, trainer: L.Trainer, hook: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -123,7 +124,7 @@ def test_train_loss_and_lr_are_logged_only_on_the_steps_lightning_writes(
     assert sum(1 for row in rows if re.match(r"^[^,]*\d", row)) >= 3  # the loggers still get train.loss rows
 
 
-TABLE_ROW = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \|$", re.M)
+TABLE_ROW = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \| (\d+|-) \| ([+-]\d+|-) \|$", re.M)
 
 
 @pytest.mark.slow
@@ -131,6 +132,9 @@ def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytes
     assert overhead.main(["--steps", "6", "--warmup", "2", "--repeats", "1"]) == 0
     table = capsys.readouterr().out
     rows = {m[1]: (float(m[2]), float(m[3])) for m in TABLE_ROW.finditer(table)}
+    calls = {m[1]: (int(m[4]), int(m[5])) for m in TABLE_ROW.finditer(table)}  # Python calls a step, and extra
+    assert calls["bare PyTorch loop"][1] == 0 and calls["bare PyTorch loop"][0] > 100
+    assert all(abs(extra - (total - calls["bare PyTorch loop"][0])) <= 1 for total, extra in calls.values())
     assert set(rows) == {"bare PyTorch loop", "Lightning, smallest module", "imgcls (mode=benchmark)"}
     cpu = re.findall(r"^\| [^|]+ \| [^|]+ \| ([\d.]+) \(", table, re.M)  # the CPU time column, every loop
     assert len(cpu) == 3 and all(float(ms) > 0 for ms in cpu)
@@ -155,7 +159,8 @@ def test_overhead_benchmark_runs_the_published_feature_sets(capsys: pytest.Captu
     assert {m[1] for m in TABLE_ROW.finditer(efficientnet)} == {*loops, "bare loop, imgcls's optimizer"}
     assert {m[1] for m in TABLE_ROW.finditer(tf1)} == loops
     number, extra = r"[\d.]+", r"[+-][\d.]+"
-    summary_row = rf"^\| (\w+) \| {number} \| {number} \| {extra} \| {number} \| {number} \| {extra} \|$"
+    calls = r"\d+ / \d+ / \d+"  # bare / Lightning / imgcls
+    summary_row = rf"^\| (\w+) \| {number} \| {number} \| {extra} \| {number} \| {number} \| {extra} \| {calls} \|$"
     summary = re.findall(summary_row, out, re.M)
     assert summary == ["efficientnet_amp", "tf1_250e"]
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from lightning.pytorch.profilers import SimpleProfiler
 from lightning.pytorch.strategies import DDPStrategy
 
 from imgcls.errors import ConfigError
+from imgcls.run.hook_dispatch import NoProfiler
 from imgcls.run.plan import resolve_plan
 from imgcls.run.trainer import IMGCLS_TRAINER_ARGS, build_trainer
 from tests.conftest import compose_config, tiny_overrides
@@ -45,3 +47,10 @@ def test_strategy_override_reaches_the_trainer(image_folder: Path) -> None:
 def test_trainer_arguments_imgcls_cannot_take(image_folder: Path, override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("|", r"\|")):
         trainer_for(image_folder, override)
+
+
+def test_a_profiler_the_user_names_is_lightnings_and_none_is_the_null_one(image_folder: Path) -> None:
+    """trainer.profiler=null: one reusable null context a hook call (run/hook_dispatch.py); a named one is
+    Lightning's, and profiles."""
+    assert type(trainer_for(image_folder).profiler) is NoProfiler
+    assert type(trainer_for(image_folder, "trainer.profiler=simple").profiler) is SimpleProfiler

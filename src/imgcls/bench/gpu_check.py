@@ -217,7 +217,7 @@ def checks(
               ("amp", 1), extra={"total_vs_compute": 0.97}),
         # Right after it on the same GPU: a bare PyTorch loop over the same network and batch (bench.overhead's
         # defaults are test_resnet at 8 px, 10 classes: model.arch and data.num_classes are named here).
-        Check("bare_loop", ("--steps", str(steps), "--warmup", "10", "--repeats", "1", "model=resnet50",
+        Check("bare_loop", ("--steps", str(steps), "--warmup", "10", "--repeats", "1", "--no-calls", "model=resnet50",
                             "model.arch=resnet50", "model.image_size=224", "precision=amp", "data.num_classes=1000",
                             "data.batch_size=256", "recipe.global_batch_size=256", f"hardware={hardware}",
                             "trainer.devices=1"),

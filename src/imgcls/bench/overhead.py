@@ -79,19 +79,24 @@ def compose(overrides: list[str], steps: int, warmup: int, run_dir: str, feature
     return cfg
 
 
-def imgcls_loop(cfg: DictConfig) -> dict[str, float]:
+def imgcls_loop(cfg: DictConfig, count_calls: bool = False) -> dict[str, float]:
     """ms a step of imgcls's mode=benchmark (its own timer: from the end of the warm-up to the device's end), and the
-    process's CPU time over the same window (read where its timer starts and stops)."""
+    process's CPU time over the same window (read where its timer starts and stops). count_calls: the Python calls
+    a step over that window instead (CallCounter: the counting slows the loop, so its times mean nothing)."""
     from imgcls.bench import training
 
     cpu: dict[str, float] = {}
+    calls = CallCounter()
     timer_end = training.BenchmarkTimer.on_train_batch_end
 
     def on_train_batch_end(self: training.BenchmarkTimer, *args: Any, **kwargs: Any) -> None:
         timer_end(self, *args, **kwargs)
         if self.seen == self.warmup:
             cpu["start"] = time.process_time()
+            if count_calls:
+                calls.start()
         if self.seen == self.warmup + self.iterations:
+            calls.stop()
             cpu["stop"] = time.process_time()
 
     with (
@@ -100,11 +105,40 @@ def imgcls_loop(cfg: DictConfig) -> dict[str, float]:
     ):
         metrics = training.run(cfg)
     batch = _batch_size(cfg)
+    steps = int(cfg.benchmark.iterations)
     return {
         "host_ms": 1000 * batch / metrics["train.total_ips"],
-        "cpu_ms": 1000 * (cpu["stop"] - cpu["start"]) / int(cfg.benchmark.iterations),
+        "cpu_ms": 1000 * (cpu["stop"] - cpu["start"]) / steps,
         "device_ms": 1000 * batch / metrics["train.compute_ips"],
+        "calls": calls.count / steps if count_calls else math.nan,
     }
+
+
+class CallCounter:
+    """Python-level function calls (Python functions and C functions called from Python) on this thread between
+    start() and stop(), through sys.setprofile: a count of the host work a loop does that the machine's speed does
+    not move, where its wall time here varies 2-3x by the minute. The network's own calls are in every loop alike."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: Any = None
+        self._on = False
+
+    def _event(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.count += 1
+
+    def start(self) -> None:
+        self.count = 0
+        self._previous = sys.getprofile()
+        self._on = True
+        sys.setprofile(self._event)
+
+    def stop(self) -> None:
+        if self._on:
+            sys.setprofile(self._previous)
+            self._on = False
+            self.count -= 1  # the call to stop() itself
 
 
 def _batch_size(cfg: DictConfig) -> int:
@@ -204,8 +238,9 @@ class _Clock:
     """Wall time from the end of the warm-up to the device's end of the last step, the process's CPU time over the
     same steps, and CUDA events for device time."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, count_calls: bool = False) -> None:
         self.device = device
+        self.calls = CallCounter() if count_calls else None
         self.started = 0.0
         self.cpu_started = 0.0
         self.result: dict[str, float] = {}
@@ -218,8 +253,12 @@ class _Clock:
         if self.device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
+        if self.calls is not None:
+            self.calls.start()
 
     def stop(self, steps: int) -> dict[str, float]:
+        if self.calls is not None:
+            self.calls.stop()
         end = None
         if self.device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
@@ -228,18 +267,21 @@ class _Clock:
         host_ms = 1000 * (time.perf_counter() - self.started) / steps
         cpu_ms = 1000 * (time.process_time() - self.cpu_started) / steps
         device_ms = self._start.elapsed_time(end) / steps if end is not None else math.nan
-        self.result = {"host_ms": host_ms, "cpu_ms": cpu_ms, "device_ms": device_ms}
+        calls = self.calls.count / steps if self.calls is not None else math.nan
+        self.result = {"host_ms": host_ms, "cpu_ms": cpu_ms, "device_ms": device_ms, "calls": calls}
         return self.result
 
 
-def bare_loop(cfg: DictConfig, steps: int, warmup: int, imgcls_optimizer: bool = False) -> dict[str, float]:
+def bare_loop(
+    cfg: DictConfig, steps: int, warmup: int, imgcls_optimizer: bool = False, count_calls: bool = False
+) -> dict[str, float]:
     """The same network and schedule as imgcls builds them, in a plain loop over the same batch. imgcls_optimizer:
     with imgcls's optimizer, whose gradients are unscaled before its step as imgcls's precision plugin does."""
     parts = _parts(cfg, steps + warmup, imgcls_optimizer)
     net, optimizer, device, half, scaler = parts.net, parts.optimizer, parts.device, parts.half, parts.scaler
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.0 if parts.mixup else parts.smoothing)
     unscale_first = imgcls_optimizer and scaler.is_enabled() and getattr(optimizer, "_step_supports_amp_scaling", False)
-    clock = _Clock(device)
+    clock = _Clock(device, count_calls)
     for step in range(steps + warmup):
         if step == warmup:
             clock.start()
@@ -258,7 +300,7 @@ def bare_loop(cfg: DictConfig, steps: int, warmup: int, imgcls_optimizer: bool =
     return clock.stop(steps)
 
 
-def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]:
+def lightning_loop(cfg: DictConfig, steps: int, warmup: int, count_calls: bool = False) -> dict[str, float]:
     """The same parts in the smallest LightningModule (training_step, optimizer, scheduler, the EMA update after each
     step) and a bare Trainer with Lightning's own precision plugin: what Lightning's own loop costs, apart from what
     imgcls adds to it."""
@@ -266,7 +308,7 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int) -> dict[str, float]
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     parts = _parts(cfg, steps + warmup)
-    clock = _Clock(parts.device)
+    clock = _Clock(parts.device, count_calls)
     by_dtype: dict[torch.dtype | None, Literal["16-mixed", "bf16-mixed", "32-true"]] = {
         torch.float16: "16-mixed",
         torch.bfloat16: "bf16-mixed",
@@ -338,6 +380,14 @@ BARE, LIGHTNING, IMGCLS = "bare PyTorch loop", "Lightning, smallest module", "im
 BARE_IMGCLS_OPTIMIZER = "bare loop, imgcls's optimizer"
 
 
+@dataclass
+class Measured:
+    """Each loop's timed runs, and its Python calls a step from one more, counted, run."""
+
+    runs: dict[str, list[dict[str, float]]]
+    calls: dict[str, float]
+
+
 def skips_on_the_device(cfg: DictConfig) -> bool:
     """Whether imgcls's optimizer differs from the user's: RMSprop under an fp16 loss scaler skips an overflowed step
     on the device (training/optimizer.py), where a bare GradScaler reads the flag on the host."""
@@ -346,13 +396,14 @@ def skips_on_the_device(cfg: DictConfig) -> bool:
     return fp16 and str(cfg.recipe.optimizer) in ("rmsprop", "rmsprop_tf")
 
 
-def table(results: dict[str, list[dict[str, float]]], cfg: DictConfig, steps: int, feature_set: str = "plain") -> str:
+def table(measured: Measured, cfg: DictConfig, steps: int, feature_set: str = "plain") -> str:
     def cell(rows: list[dict[str, float]], key: str) -> str:
         values = [r[key] for r in rows if not math.isnan(r[key])]
         if not values:
             return "-"
         return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
+    results = measured.runs
     bare = {key: statistics.median(r[key] for r in results[BARE]) for key in ("host_ms", "cpu_ms")}
     lines = [
         f"{feature_set}: {cfg.model.arch} @{cfg.model.image_size} px, batch {_batch_size(cfg)}, "
@@ -360,46 +411,62 @@ def table(results: dict[str, list[dict[str, float]]], cfg: DictConfig, steps: in
         f"mixup={cfg.recipe.mixup} ({cfg.recipe.mixup_mode}), drop_path={cfg.model.drop_path_rate}, "
         f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results[BARE])} runs",
         "| loop | ms a step, median (min-max) | CPU ms a step | device ms a step | extra CPU ms over the bare loop "
-        "| extra host ms over the bare loop |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| extra host ms over the bare loop | Python calls a step | extra calls over the bare loop |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, rows in results.items():
         extra = {key: statistics.median(r[key] for r in rows) - bare[key] for key in bare}
+        calls, extra_calls = measured.calls[name], measured.calls[name] - measured.calls[BARE]
+        counted = f"{calls:.0f} | {extra_calls:+.0f}" if not math.isnan(calls) else "- | -"
         lines.append(
             f"| {name} | {cell(rows, 'host_ms')} | {cell(rows, 'cpu_ms')} | {cell(rows, 'device_ms')} "
-            f"| {extra['cpu_ms']:+.2f} | {extra['host_ms']:+.2f} |"
+            f"| {extra['cpu_ms']:+.2f} | {extra['host_ms']:+.2f} | {counted} |"
         )
     return "\n".join(lines)
 
 
-def summary(tables: dict[str, dict[str, list[dict[str, float]]]]) -> str:
-    """One row per feature set: imgcls's median ms a step against its bare loop's, wall and CPU time."""
+def summary(tables: dict[str, Measured]) -> str:
+    """One row per feature set: imgcls's median ms a step against its bare loop's, wall and CPU time, and the
+    Python calls a step of the bare loop, Lightning's smallest module and imgcls."""
     lines = [
         "| feature set | bare loop ms | imgcls ms | imgcls - bare | bare loop CPU ms | imgcls CPU ms "
-        "| imgcls - bare, CPU |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| imgcls - bare, CPU | calls a step: bare / Lightning / imgcls |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, results in tables.items():
-        bare, ours = ({k: statistics.median(r[k] for r in results[loop]) for k in ("host_ms", "cpu_ms")}
+    for name, measured in tables.items():
+        bare, ours = ({k: statistics.median(r[k] for r in measured.runs[loop]) for k in ("host_ms", "cpu_ms")}
                       for loop in (BARE, IMGCLS))  # fmt: skip
+        calls = " / ".join(
+            "-" if math.isnan(c) else f"{c:.0f}" for c in (measured.calls[loop] for loop in (BARE, LIGHTNING, IMGCLS))
+        )
         lines.append(
             f"| {name} | {bare['host_ms']:.2f} | {ours['host_ms']:.2f} | {ours['host_ms'] - bare['host_ms']:+.2f} "
-            f"| {bare['cpu_ms']:.2f} | {ours['cpu_ms']:.2f} | {ours['cpu_ms'] - bare['cpu_ms']:+.2f} |"
+            f"| {bare['cpu_ms']:.2f} | {ours['cpu_ms']:.2f} | {ours['cpu_ms'] - bare['cpu_ms']:+.2f} | {calls} |"
         )
     return "\n".join(lines)
 
 
-def measure(cfg: DictConfig, steps: int, warmup: int, repeats: int) -> dict[str, list[dict[str, float]]]:
-    """Each loop `repeats` times, alternating, so that a machine's drift reaches each loop alike."""
+def run_loop(loop: str, cfg: DictConfig, steps: int, warmup: int, count_calls: bool = False) -> dict[str, float]:
+    if loop == BARE:
+        return bare_loop(cfg, steps, warmup, count_calls=count_calls)
+    if loop == LIGHTNING:
+        return lightning_loop(cfg, steps, warmup, count_calls=count_calls)
+    if loop == IMGCLS:
+        return imgcls_loop(cfg, count_calls=count_calls)
+    return bare_loop(cfg, steps, warmup, imgcls_optimizer=True, count_calls=count_calls)
+
+
+def measure(cfg: DictConfig, steps: int, warmup: int, repeats: int, count_calls: bool = True) -> Measured:
+    """Each loop `repeats` times, alternating, so that a machine's drift reaches each loop alike; then (count_calls)
+    each once more with its Python calls counted."""
     loops = [BARE, LIGHTNING, IMGCLS] + ([BARE_IMGCLS_OPTIMIZER] if skips_on_the_device(cfg) else [])
-    results: dict[str, list[dict[str, float]]] = {loop: [] for loop in loops}
+    runs: dict[str, list[dict[str, float]]] = {loop: [] for loop in loops}
     for _ in range(repeats):
-        results[BARE].append(bare_loop(cfg, steps, warmup))
-        results[LIGHTNING].append(lightning_loop(cfg, steps, warmup))
-        results[IMGCLS].append(imgcls_loop(cfg))
-        if BARE_IMGCLS_OPTIMIZER in results:
-            results[BARE_IMGCLS_OPTIMIZER].append(bare_loop(cfg, steps, warmup, imgcls_optimizer=True))
-    return results
+        for loop in loops:
+            runs[loop].append(run_loop(loop, cfg, steps, warmup))
+    calls = {loop: run_loop(loop, cfg, steps, warmup, count_calls=True)["calls"] if count_calls else math.nan
+             for loop in loops}  # fmt: skip
+    return Measured(runs, calls)
 
 
 def optimizer_steps(cfg: DictConfig, steps: int) -> str:
@@ -472,6 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--optimizer-steps", type=int, default=0, metavar="N", help="also time the optimizer step alone, N steps"
     )
+    parser.add_argument(
+        "--calls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each loop once more, counting its Python calls a step (--no-calls: not)",
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. precision=amp model=resnet50")
     args = parser.parse_args(argv)
     feature_sets = [name.strip() for name in args.sets.split(",") if name.strip()]
@@ -481,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from imgcls.config.hardware import resolve_auto_hardware
 
-    tables: dict[str, dict[str, list[dict[str, float]]]] = {}
+    tables: dict[str, Measured] = {}
     for feature_set in feature_sets:
         torch.manual_seed(0)
         with tempfile.TemporaryDirectory(prefix="imgcls-overhead-") as run_dir:
@@ -491,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(optimizer_steps(cfg, args.optimizer_steps), flush=True)
             if args.repeats <= 0:
                 continue
-            tables[feature_set] = measure(cfg, args.steps, args.warmup, args.repeats)
+            tables[feature_set] = measure(cfg, args.steps, args.warmup, args.repeats, args.calls)
             print(table(tables[feature_set], cfg, args.steps, feature_set), flush=True)
             if args.profile:
                 print(profile(cfg, args.profile))

@@ -160,6 +160,15 @@ class ClassificationModule(L.LightningModule):
             # micro-batch that steps no optimizer (gradient accumulation) does not average the same weights twice.
             self._ema_step = self.global_step
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning sets _current_fx_name before and after every hook it calls (~45 times a training step), each
+        # time through nn.Module.__setattr__'s parameter, buffer and module checks (~13 Python calls); a string
+        # is none of those, so it is stored as Python stores any attribute (what that path ends in).
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)

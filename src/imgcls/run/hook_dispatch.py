@@ -1,0 +1,62 @@
+"""What Lightning's loop calls around every step for callbacks, hooks and the profiler, at the cost of what runs.
+
+Lightning calls every callback for every hook (`_call_callback_hooks`: six a training step, two a validation step),
+each inside `trainer.profiler.profile(...)`, a generator context manager even when nothing profiles. A callback
+that inherits a hook unchanged from `Callback` (a no-op) still pays the lookup, its `state_key`, the context and the
+call: ~16 Python calls, ~860 a step for a training run's callbacks, which is more than all of Lightning's own loop
+adds over a bare PyTorch loop (docs/benchmarks.md, `python -m imgcls.bench.overhead --calls`). Lightning does not
+call a hook attribute that is not callable, so a per-batch hook a callback inherits from `Callback` is set to None on
+that callback (what runs is unchanged: the skipped calls did nothing); with no `trainer.profiler`, the profiler's
+`profile()` returns one shared null context. Both are Lightning's documented extension points (a Profiler subclass;
+any attribute of a callback), not patches of its loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import PassThroughProfiler
+
+# The hooks Lightning calls once a batch or more often (its epoch hooks run once an epoch: not worth skipping).
+PER_BATCH_HOOKS = (
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+    "on_test_batch_start",
+    "on_test_batch_end",
+    "on_predict_batch_start",
+    "on_predict_batch_end",
+)
+
+
+class NoProfiler(PassThroughProfiler):
+    """trainer.profiler=null: Lightning's pass-through profiler, whose profile() is one reusable null context
+    instead of a new generator context a hook call (Lightning's own loop makes ~19 of those a step)."""
+
+    _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext[None]:  # type: ignore[override]
+        return self._NOTHING
+
+
+def dispatch_cheaply(trainer: Trainer) -> None:
+    """skip_inherited_batch_hooks for every callback of `trainer`: the ones given to it, and those Lightning added
+    (a progress bar, entry-point callbacks)."""
+    skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]  # set by Lightning's connector
+
+
+def skip_inherited_batch_hooks(callbacks: Iterable[Callback]) -> None:
+    """Sets to None each per-batch hook that a callback's class inherits from `Callback` unchanged, so Lightning's
+    dispatch passes it over; the hooks a class defines (or a parent other than Callback defines) are left alone."""
+    for callback in callbacks:
+        for hook in PER_BATCH_HOOKS:
+            if getattr(type(callback), hook, None) is getattr(Callback, hook):
+                setattr(callback, hook, None)
