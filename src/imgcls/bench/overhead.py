@@ -7,7 +7,9 @@ optimizer and schedule) under a bare Trainer shows what Lightning's own loop cos
 `mode=benchmark` (the real Trainer, module, callbacks and data module; data=synthetic: one batch on the device).
 Each loop runs `--repeats` times, alternating, and the table shows the median ms a step and the spread. On a GPU
 the timing waits for the device at the ends only, so a loop whose host work per step exceeds the device's shows
-it; the device ms a step come from CUDA events.
+it; the device ms a step come from CUDA events. The extra over the bare loop is the median of each run's difference
+to the bare loop's run just before it. Each loop then runs once more with its Python calls counted (`--no-calls`:
+not): a count of the host work that the machine's speed does not move.
 
 The default network is timm's `test_resnet` at 8 px, batch 8, fp32 on the CPU: its compute is a few ms, so the
 host work of the loop around it shows. `--sets` picks published recipes' feature sets instead (FEATURE_SETS): the
@@ -404,18 +406,18 @@ def table(measured: Measured, cfg: DictConfig, steps: int, feature_set: str = "p
         return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
     results = measured.runs
-    bare = {key: statistics.median(r[key] for r in results[BARE]) for key in ("host_ms", "cpu_ms")}
     lines = [
         f"{feature_set}: {cfg.model.arch} @{cfg.model.image_size} px, batch {_batch_size(cfg)}, "
         f"precision={cfg.precision.name}, optimizer={cfg.recipe.optimizer}, ema={cfg.recipe.ema_decay}, "
         f"mixup={cfg.recipe.mixup} ({cfg.recipe.mixup_mode}), drop_path={cfg.model.drop_path_rate}, "
         f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results[BARE])} runs",
-        "| loop | ms a step, median (min-max) | CPU ms a step | device ms a step | extra CPU ms over the bare loop "
-        "| extra host ms over the bare loop | Python calls a step | extra calls over the bare loop |",
+        "| loop | ms a step, median (min-max) | CPU ms a step | device ms a step | extra CPU ms over the bare loop, "
+        "median of the runs' | extra host ms over the bare loop, median of the runs' | Python calls a step "
+        "| extra calls over the bare loop |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, rows in results.items():
-        extra = {key: statistics.median(r[key] for r in rows) - bare[key] for key in bare}
+        extra = {key: paired_extra(rows, results[BARE], key) for key in ("host_ms", "cpu_ms")}
         calls, extra_calls = measured.calls[name], measured.calls[name] - measured.calls[BARE]
         counted = f"{calls:.0f} | {extra_calls:+.0f}" if not math.isnan(calls) else "- | -"
         lines.append(
@@ -425,12 +427,18 @@ def table(measured: Measured, cfg: DictConfig, steps: int, feature_set: str = "p
     return "\n".join(lines)
 
 
+def paired_extra(rows: list[dict[str, float]], bare: list[dict[str, float]], key: str) -> float:
+    """The median over the runs of each run's figure less the bare loop's run just before it: a VM that slows
+    down for minutes moves both runs of a pair alike, so the difference drifts less than the medians apart."""
+    return statistics.median(row[key] - base[key] for row, base in zip(rows, bare, strict=True))
+
+
 def summary(tables: dict[str, Measured]) -> str:
-    """One row per feature set: imgcls's median ms a step against its bare loop's, wall and CPU time, and the
-    Python calls a step of the bare loop, Lightning's smallest module and imgcls."""
+    """One row per feature set: imgcls's median ms a step against its bare loop's, wall and CPU time (the differences:
+    paired_extra), and the Python calls a step of the bare loop, Lightning's smallest module and imgcls."""
     lines = [
-        "| feature set | bare loop ms | imgcls ms | imgcls - bare | bare loop CPU ms | imgcls CPU ms "
-        "| imgcls - bare, CPU | calls a step: bare / Lightning / imgcls |",
+        "| feature set | bare loop ms | imgcls ms | imgcls - bare, median of the runs' | bare loop CPU ms "
+        "| imgcls CPU ms | imgcls - bare, CPU | calls a step: bare / Lightning / imgcls |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, measured in tables.items():
@@ -439,9 +447,10 @@ def summary(tables: dict[str, Measured]) -> str:
         calls = " / ".join(
             "-" if math.isnan(c) else f"{c:.0f}" for c in (measured.calls[loop] for loop in (BARE, LIGHTNING, IMGCLS))
         )
+        extra = {k: paired_extra(measured.runs[IMGCLS], measured.runs[BARE], k) for k in ("host_ms", "cpu_ms")}
         lines.append(
-            f"| {name} | {bare['host_ms']:.2f} | {ours['host_ms']:.2f} | {ours['host_ms'] - bare['host_ms']:+.2f} "
-            f"| {bare['cpu_ms']:.2f} | {ours['cpu_ms']:.2f} | {ours['cpu_ms'] - bare['cpu_ms']:+.2f} | {calls} |"
+            f"| {name} | {bare['host_ms']:.2f} | {ours['host_ms']:.2f} | {extra['host_ms']:+.2f} "
+            f"| {bare['cpu_ms']:.2f} | {ours['cpu_ms']:.2f} | {extra['cpu_ms']:+.2f} | {calls} |"
         )
     return "\n".join(lines)
 
