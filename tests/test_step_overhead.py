@@ -136,6 +136,8 @@ def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytes
     assert calls["bare PyTorch loop"][1] == 0 and calls["bare PyTorch loop"][0] > 100
     assert all(abs(extra - (total - calls["bare PyTorch loop"][0])) <= 1 for total, extra in calls.values())
     assert set(rows) == {"bare PyTorch loop", "Lightning, smallest module", "imgcls (mode=benchmark)"}
+    pause = re.search(r"^garbage collector: (\d+) tracked objects; a full collection ([\d.]+) ms", table, re.M)
+    assert pause is not None and int(pause[1]) > 50_000, table
     cpu = re.findall(r"^\| [^|]+ \| [^|]+ \| ([\d.]+) \(", table, re.M)  # the CPU time column, every loop
     assert len(cpu) == 3 and all(float(ms) > 0 for ms in cpu)
     bare, imgcls_ms = rows["bare PyTorch loop"][0], rows["imgcls (mode=benchmark)"][0]
