@@ -3,12 +3,12 @@
 Lightning calls every callback for every hook (`_call_callback_hooks`: six a training step, two a validation step),
 each inside `trainer.profiler.profile(...)`, a generator context manager even when nothing profiles. A callback
 that inherits a hook unchanged from `Callback` (a no-op) still pays the lookup, its `state_key`, the context and the
-call: ~16 Python calls, ~860 a step for a training run's callbacks, which is more than all of Lightning's own loop
-adds over a bare PyTorch loop (docs/benchmarks.md, `python -m imgcls.bench.overhead --calls`). Lightning does not
-call a hook attribute that is not callable, so a per-batch hook a callback inherits from `Callback` is set to None on
-that callback (what runs is unchanged: the skipped calls did nothing); with no `trainer.profiler`, the profiler's
-`profile()` returns one shared null context. Both are Lightning's documented extension points (a Profiler subclass;
-any attribute of a callback), not patches of its loop.
+call; for a training run's callbacks that is more host work than Lightning's own loop adds over a bare PyTorch loop
+(docs/benchmarks.md, "The loop around the network"). Lightning's dispatch does not call a hook attribute that is not
+callable (`_call_callback_hooks` in lightning/pytorch/trainer/call.py; tests/test_hook_dispatch.py holds the
+installed Lightning to it), so a per-batch hook a callback inherits from `Callback` is set to None on that callback:
+what runs is unchanged, the skipped calls did nothing. With no `trainer.profiler`, the profiler (Lightning's
+extension point, a Profiler subclass) returns one shared null context.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ PER_BATCH_HOOKS = (
 
 class NoProfiler(PassThroughProfiler):
     """trainer.profiler=null: Lightning's pass-through profiler, whose profile() is one reusable null context
-    instead of a new generator context a hook call (Lightning's own loop makes ~19 of those a step)."""
+    instead of a new generator context for each hook call."""
 
     _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
 

@@ -161,9 +161,9 @@ class ClassificationModule(L.LightningModule):
             self._ema_step = self.global_step
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Lightning sets _current_fx_name before and after every hook it calls (~45 times a training step), each
-        # time through nn.Module.__setattr__'s parameter, buffer and module checks (~13 Python calls); a string
-        # is none of those, so it is stored as Python stores any attribute (what that path ends in).
+        # Lightning sets _current_fx_name before and after every hook it calls, dozens of times a step, each time
+        # through nn.Module.__setattr__'s parameter, buffer and module checks; a string is none of those, so it is
+        # stored as Python stores any attribute (what that path ends in). docs/benchmarks.md has the calls saved.
         if name == "_current_fx_name":
             object.__setattr__(self, name, value)
             return
