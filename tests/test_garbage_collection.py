@@ -9,11 +9,11 @@ from typing import Any
 
 import lightning as L
 import pytest
-import torch
 
 import imgcls.run.train
 from imgcls.callbacks.garbage_collection import FreezeSetupObjects
 from tests.conftest import compose_config, tiny_overrides
+from tests.tiny_fit import tiny_fit, tiny_trainer
 
 
 class FrozenAtEachStep(L.Callback):
@@ -40,25 +40,8 @@ def test_a_training_run_steps_with_its_setup_frozen_and_unfreezes_at_the_end(
 
 
 def test_an_exception_in_training_unfreezes(tmp_path: Path) -> None:
-    class Fails(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if batch_idx == 2:
-                assert gc.get_freeze_count() > 0
-                raise RuntimeError("step 2")
-            return self.layer(batch[0]).sum()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 4)), batch_size=2)
-    trainer = L.Trainer(
-        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[FreezeSetupObjects()], default_root_dir=tmp_path,
-    )  # fmt: skip
+    probe = FrozenAtEachStep()
     with pytest.raises(RuntimeError, match="step 2"):
-        trainer.fit(Fails(), data)
+        tiny_fit(tiny_trainer(tmp_path, [FreezeSetupObjects(), probe]), raise_at=2)
+    assert len(probe.frozen) == 3 and min(probe.frozen) > 0  # frozen at each step up to the one that raised
     assert gc.get_freeze_count() == 0

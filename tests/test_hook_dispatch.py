@@ -9,12 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from imgcls.bench import overhead
-from imgcls.run.hook_dispatch import PER_BATCH_HOOKS, NoProfiler, skip_inherited_batch_hooks
+from imgcls.run.hook_dispatch import PER_BATCH_HOOKS, NoProfiler, dispatch_cheaply, skip_inherited_batch_hooks
+from tests.tiny_fit import tiny_fit, tiny_trainer
 
 
 class BatchEnds(Callback):
@@ -43,27 +42,14 @@ def test_only_hooks_inherited_from_callback_are_skipped() -> None:
 
 
 def test_a_real_trainer_calls_the_defined_hooks_as_often_and_the_null_profiler_profiles_nothing(tmp_path: Path) -> None:
-    class Tiny(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch[0]).sum()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 4)), batch_size=2)
     seen = []
-    for skip in (False, True):
+    for cheaply in (False, True):
         callback = BatchEndsToo()
-        trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, callbacks=[callback], default_root_dir=tmp_path,
-                            profiler=NoProfiler() if skip else None)  # fmt: skip
-        if skip:
-            skip_inherited_batch_hooks(trainer.callbacks)
-        trainer.fit(Tiny(), data)
+        trainer = tiny_trainer(tmp_path, [callback])
+        if cheaply:
+            dispatch_cheaply(trainer)
+            assert type(trainer.profiler) is NoProfiler and callback.on_after_backward is None
+        tiny_fit(trainer)
         seen.append(callback.seen)
     assert seen[0] == seen[1] == Counter(on_train_batch_end=6, on_before_backward=6)
     assert isinstance(NoProfiler().profile("x"), contextlib.nullcontext)

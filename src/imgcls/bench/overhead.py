@@ -117,30 +117,23 @@ def imgcls_loop(cfg: DictConfig, count_calls: bool = False) -> dict[str, float]:
 
 
 class CallCounter:
-    """Python-level function calls (Python functions and C functions called from Python) on this thread between
-    start() and stop(), through sys.setprofile: a count of the host work a loop does that the machine's speed does
-    not move, where its wall time here varies 2-3x by the minute. The network's own calls are in every loop alike."""
+    """Function calls (Python functions and the C functions they call) on this thread between start() and stop(),
+    as cProfile counts them: a count of the host work a loop does that the machine's speed does not move, where its
+    wall time here varies 2-3x by the minute. The network's own calls are in every loop alike."""
 
     def __init__(self) -> None:
         self.count = 0
-        self._previous: Any = None
-        self._on = False
-
-    def _event(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call" or event == "c_call":
-            self.count += 1
+        self._profiler: cProfile.Profile | None = None
 
     def start(self) -> None:
-        self.count = 0
-        self._previous = sys.getprofile()
-        self._on = True
-        sys.setprofile(self._event)
+        self._profiler = cProfile.Profile()
+        self._profiler.enable()
 
     def stop(self) -> None:
-        if self._on:
-            sys.setprofile(self._previous)
-            self._on = False
-            self.count -= 1  # the call to stop() itself
+        if self._profiler is not None:
+            self._profiler.disable()
+            self.count = sum(entry.callcount for entry in self._profiler.getstats())
+            self._profiler = None
 
 
 def _batch_size(cfg: DictConfig) -> int:
@@ -462,7 +455,9 @@ def run_loop(loop: str, cfg: DictConfig, steps: int, warmup: int, count_calls: b
         return lightning_loop(cfg, steps, warmup, count_calls=count_calls)
     if loop == IMGCLS:
         return imgcls_loop(cfg, count_calls=count_calls)
-    return bare_loop(cfg, steps, warmup, imgcls_optimizer=True, count_calls=count_calls)
+    if loop == BARE_IMGCLS_OPTIMIZER:
+        return bare_loop(cfg, steps, warmup, imgcls_optimizer=True, count_calls=count_calls)
+    raise ValueError(f"no loop named {loop!r}")
 
 
 def measure(cfg: DictConfig, steps: int, warmup: int, repeats: int, count_calls: bool = True) -> Measured:

@@ -33,7 +33,7 @@ from imgcls.inference.onnx_model import is_onnx_path, load_onnx
 from imgcls.inference.trained import PREPROCESSING_KEYS, TrainedModel, load_trained
 from imgcls.models.weights import is_training_checkpoint, is_weights_export, read_torch_file, state_dict_of
 from imgcls.redaction import redact_url
-from imgcls.run.hook_dispatch import NoProfiler, dispatch_cheaply
+from imgcls.run.hook_dispatch import dispatch_cheaply
 from imgcls.storage import write_json_atomic
 from imgcls.training.module import ClassificationModule
 from imgcls.training.precision import resolve_precision
@@ -112,7 +112,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         use_distributed_sampler=False,
         enable_progress_bar=bool(cfg.trainer.get("enable_progress_bar", True)),
         enable_model_summary=False,
-        profiler=NoProfiler(),
     )
     dispatch_cheaply(trainer)
     results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]

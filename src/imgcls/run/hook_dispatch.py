@@ -7,18 +7,20 @@ call; for a training run's callbacks that is more host work than Lightning's own
 (docs/benchmarks.md, "The loop around the network"). Lightning's dispatch does not call a hook attribute that is not
 callable (`_call_callback_hooks` in lightning/pytorch/trainer/call.py; tests/test_hook_dispatch.py holds the
 installed Lightning to it), so a per-batch hook a callback inherits from `Callback` is set to None on that callback:
-what runs is unchanged, the skipped calls did nothing. With no `trainer.profiler`, the profiler (Lightning's
-extension point, a Profiler subclass) returns one shared null context.
+what runs is unchanged, the skipped calls did nothing. With no `trainer.profiler`, Lightning's pass-through profiler
+is replaced by one (Lightning's extension point, a Profiler subclass) that returns one shared null context.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 # The hooks Lightning calls once a batch or more often (its epoch hooks run once an epoch: not worth skipping).
 PER_BATCH_HOOKS = (
@@ -48,9 +50,13 @@ class NoProfiler(PassThroughProfiler):
 
 
 def dispatch_cheaply(trainer: Trainer) -> None:
-    """skip_inherited_batch_hooks for every callback of `trainer`: the ones given to it, and those Lightning added
-    (a progress bar, entry-point callbacks)."""
-    skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]  # set by Lightning's connector
+    """For a constructed Trainer: NoProfiler where no profiler was asked for (a named one stays Lightning's), and
+    skip_inherited_batch_hooks for every callback, those given and those Lightning added (a progress bar,
+    entry-point callbacks)."""
+    made: Any = trainer  # profiler and callbacks: attributes Lightning's connectors set, which Trainer does not declare
+    if type(made.profiler) is PassThroughProfiler:
+        made.profiler = NoProfiler()
+    skip_inherited_batch_hooks(made.callbacks)
 
 
 def skip_inherited_batch_hooks(callbacks: Iterable[Callback]) -> None:
@@ -58,5 +64,5 @@ def skip_inherited_batch_hooks(callbacks: Iterable[Callback]) -> None:
     dispatch passes it over; the hooks a class defines (or a parent other than Callback defines) are left alone."""
     for callback in callbacks:
         for hook in PER_BATCH_HOOKS:
-            if getattr(type(callback), hook, None) is getattr(Callback, hook):
+            if not is_overridden(hook, callback, Callback):
                 setattr(callback, hook, None)

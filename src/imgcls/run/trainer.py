@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from imgcls.callbacks.preemption import without_lightning_signal_handling
 from imgcls.config.choices import IMGCLS_TRAINER_ARGS
 from imgcls.errors import ConfigError
-from imgcls.run.hook_dispatch import NoProfiler, dispatch_cheaply
+from imgcls.run.hook_dispatch import dispatch_cheaply
 from imgcls.run.plan import RunPlan
 from imgcls.training.checkpoint import AtomicCheckpointIO
 from imgcls.training.precision import resolve_precision
@@ -55,8 +55,6 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     trainer_args["enable_progress_bar"] = any(isinstance(c, ProgressBar) for c in callbacks)
     trainer_args["enable_model_summary"] = False
-    if trainer_args.get("profiler") is None:
-        trainer_args["profiler"] = NoProfiler()  # no generator context a hook call (run/hook_dispatch.py)
     plugins = [*plugins, AtomicCheckpointIO()]  # write-fsync-rename (see storage.py)
     if trainer_args.get("sync_batchnorm"):  # timm's converter: keeps EfficientNet's BN+SiLU (sync_batchnorm.py)
         plugins.append(TimmSyncBatchNorm())
@@ -78,6 +76,6 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[L.Callback], l
         logger=loggers or False,
         enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
     )
-    dispatch_cheaply(trainer)  # no call a step of a callback's no-op hook (run/hook_dispatch.py)
+    dispatch_cheaply(trainer)  # no no-op hook calls or profiler contexts a step (run/hook_dispatch.py)
     without_lightning_signal_handling(trainer)  # imgcls's own, for the whole run (callbacks/preemption.py)
     return trainer
