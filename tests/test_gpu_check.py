@@ -58,9 +58,10 @@ def test_dry_run_covers_every_gpu_path_and_each_command_composes(capsys, hardwar
     configs = {}
     for path, command in plan.items():
         if path == "bare_loop":  # bench.overhead, not train.py: its flags, then train.py overrides
-            assert command[:10] == ["python", "-m", "imgcls.bench.overhead", "--steps", "40", "--warmup", "10",
-                                    "--repeats", "1", "--no-calls"], command  # fmt: skip
-            configs[path] = overhead.compose(command[10:], 40, 10, "/tmp/unused")
+            # the loops apart, not interleaved (--chunk 0): on a GPU each loop's steps run asynchronously to its end
+            assert command[:12] == ["python", "-m", "imgcls.bench.overhead", "--steps", "40", "--warmup", "10",
+                                    "--repeats", "1", "--no-calls", "--chunk", "0"], command  # fmt: skip
+            configs[path] = overhead.compose(command[12:], 40, 10, "/tmp/unused")
             continue
         if path == "cifar_bare_loop":  # bench.bare_loop: its own flags (test_cifar_bare_loop_matches_... checks them)
             assert command[:3] == ["python", "-m", "imgcls.bench.bare_loop"], command
@@ -555,7 +556,9 @@ def test_a_row_that_exits_leaves_no_process_behind(tmp_path) -> None:
 
 def test_bare_loop_row_compares_the_resnet50_row_with_the_bare_loop(tmp_path, monkeypatch) -> None:
     check = checks(tmp_path)["bare_loop"]
-    assert check.command().startswith("python -m imgcls.bench.overhead --steps 40 --warmup 10 --repeats 1 --no-calls ")
+    assert check.command().startswith(
+        "python -m imgcls.bench.overhead --steps 40 --warmup 10 --repeats 1 --no-calls --chunk 0 "
+    )
     assert check.directory() == tmp_path / "bare_loop"
     # bare loop 40 ms a step at batch 256: 6400 img/s; bench.overhead's own imgcls loop 41 ms: 6244 img/s
     fake = FakeRuns({"overhead": overhead_table(40.0, 41.0)})
@@ -594,7 +597,7 @@ def test_bare_loop_row_without_the_resnet50_row_or_its_table(tmp_path, monkeypat
 
 def test_parse_overhead_reads_the_real_table(capsys) -> None:
     """bench.overhead run for real on the CPU (its default tiny network, a few steps): gpu_check reads its table."""
-    assert overhead.main(["--steps", "3", "--warmup", "1", "--repeats", "1"]) == 0
+    assert overhead.main(["--steps", "3", "--warmup", "1", "--repeats", "1", "--no-calls", "--chunk", "0"]) == 0
     text = capsys.readouterr().out
     figures = gpu_check.parse_overhead("a log line\n" + text + "\nanother\n")
     assert figures["batch"] == 8 and figures["bare_ms"] > 0 and figures["imgcls_ms"] > 0

@@ -129,7 +129,7 @@ TABLE_ROW = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \| (\
 
 @pytest.mark.slow
 def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytest.CaptureFixture[str]) -> None:
-    assert overhead.main(["--steps", "6", "--warmup", "2", "--repeats", "1"]) == 0
+    assert overhead.main(["--steps", "6", "--warmup", "2", "--repeats", "1", "--chunk", "0"]) == 0  # whole runs
     table = capsys.readouterr().out
     rows = {m[1]: (float(m[2]), float(m[3])) for m in TABLE_ROW.finditer(table)}
     calls = {m[1]: (int(m[4]), int(m[5])) for m in TABLE_ROW.finditer(table)}  # Python calls a step, and extra
@@ -150,7 +150,7 @@ def test_overhead_benchmark_prints_both_loops_and_their_difference(capsys: pytes
 def test_overhead_benchmark_runs_the_published_feature_sets(capsys: pytest.CaptureFixture[str]) -> None:
     """The EfficientNet AMP and TF1 250-epoch sets, each a table; the EfficientNet one adds the bare loop with
     imgcls's optimizer (its device-side overflow skip); a summary row per set."""
-    argv = ["--steps", "3", "--warmup", "2", "--repeats", "1", "--sets", "efficientnet_amp,tf1_250e"]
+    argv = ["--steps", "3", "--warmup", "2", "--repeats", "1", "--chunk", "3", "--sets", "efficientnet_amp,tf1_250e"]
     assert overhead.main(argv) == 0
     out = capsys.readouterr().out
     tables = {t.split(":")[0]: t for t in re.split(r"^(?=(?:efficientnet_amp|tf1_250e): )", out, flags=re.M)}
@@ -165,6 +165,47 @@ def test_overhead_benchmark_runs_the_published_feature_sets(capsys: pytest.Captu
     summary_row = rf"^\| (\w+) \| {number} \| {number} \| {extra} \| {number} \| {number} \| {extra} \| {calls} \|$"
     summary = re.findall(summary_row, out, re.M)
     assert summary == ["efficientnet_amp", "tf1_250e"]
+
+
+def test_each_chunk_is_paired_with_the_bare_chunks_either_side_so_a_drift_cancels() -> None:
+    """A VM speeding down by 10 ms a chunk: each loop chunk 1 ms above the mean of the bare chunks around it. Paired
+    with the bare chunk before it alone, the drift would read as +6 ms; whole runs apart, as +10 or more."""
+    bare, own = [10.0, 20.0, 30.0, 40.0], [16.0, 26.0, 36.0]
+    assert overhead.chunk_extra(own, bare) == pytest.approx(1.0)
+    assert overhead.paired_extra([{"host_ms": 26.0, "paired_host_ms": 1.0}], [{"host_ms": 25.0}], "host_ms") == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", [overhead.LIGHTNING, overhead.IMGCLS])
+def test_the_bare_loop_runs_between_the_loops_chunks(loop: str, tmp_path: Path) -> None:
+    """6 timed steps in chunks of 2: bare chunks before the first and after each of the loop's three chunks, each
+    of 2 bare steps, after as many warm-up steps as the loop's; the loop's figures are those of its own chunks."""
+    cfg = overhead.compose([], 6, 2, str(tmp_path), "plain")
+    made: list[overhead.BareChunks] = []
+    real = overhead.BareChunks
+
+    def recorded(*args: Any) -> overhead.BareChunks:
+        made.append(real(*args))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(overhead, "BareChunks", recorded)
+        row = overhead.run_loop(loop, cfg, 6, 2, chunk=2)
+    (chunks,) = made
+    assert (len(chunks.own), len(chunks.bare), chunks._index) == (3, 4, 2 + 4 * 2)
+    assert row["chunks"] == 3 and row["host_ms"] == pytest.approx(sum(wall for wall, _ in chunks.own) / 6 * 1000)
+    assert row["paired_host_ms"] == pytest.approx(
+        overhead.chunk_extra([w / 2 * 1000 for w, _ in chunks.own], [w / 2 * 1000 for w, _ in chunks.bare])
+    )
+    counted = overhead.run_loop(loop, cfg, 6, 2, count_calls=True, chunk=2)  # calls counted: no bare steps among them
+    assert len(made) == 1 and "chunks" not in counted
+
+
+def test_a_chunk_longer_than_the_timed_steps_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.main(["--steps", "5", "--chunk", "6"])
+    assert exit_info.value.code == 2
+    assert "--chunk: 6; allowed: 0 (pair whole runs) to --steps (5)" in capsys.readouterr().err
 
 
 def test_the_bare_loops_train_what_a_user_would_write(tmp_path: Path) -> None:

@@ -216,11 +216,12 @@ def checks(
                                             *synthetic, "data.batch_size=256", "recipe.global_batch_size=256"),
               ("amp", 1), extra={"total_vs_compute": 0.97}),
         # Right after it on the same GPU: a bare PyTorch loop over the same network and batch (bench.overhead's
-        # defaults are test_resnet at 8 px, 10 classes: model.arch and data.num_classes are named here).
-        Check("bare_loop", ("--steps", str(steps), "--warmup", "10", "--repeats", "1", "--no-calls", "model=resnet50",
-                            "model.arch=resnet50", "model.image_size=224", "precision=amp", "data.num_classes=1000",
-                            "data.batch_size=256", "recipe.global_batch_size=256", f"hardware={hardware}",
-                            "trainer.devices=1"),
+        # defaults are test_resnet at 8 px, 10 classes: model.arch and data.num_classes are named here), each loop
+        # on its own (--chunk 0: not interleaved, so that each one's steps run ahead of the GPU until its end).
+        Check("bare_loop", ("--steps", str(steps), "--warmup", "10", "--repeats", "1", "--no-calls", "--chunk", "0",
+                            "model=resnet50", "model.arch=resnet50", "model.image_size=224", "precision=amp",
+                            "data.num_classes=1000", "data.batch_size=256", "recipe.global_batch_size=256",
+                            f"hardware={hardware}", "trainer.devices=1"),
               extra={"versus_bare_loop": 0.95}, program=OVERHEAD, run_dir=f"{run_root}/bare_loop"),
         # DDP rows on every visible GPU (one process on a 1-GPU machine: still DDP, NCCL and the EMA copy).
         # NVIDIA's TF2 EfficientNet as it trains: RMSpropTF, EMA 0.9999, sync BN, AMP with loss scaling.

@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 from unittest import mock
@@ -81,10 +82,11 @@ def compose(overrides: list[str], steps: int, warmup: int, run_dir: str, feature
     return cfg
 
 
-def imgcls_loop(cfg: DictConfig, count_calls: bool = False) -> dict[str, float]:
+def imgcls_loop(cfg: DictConfig, count_calls: bool = False, chunks: BareChunks | None = None) -> dict[str, float]:
     """ms a step of imgcls's mode=benchmark (its own timer: from the end of the warm-up to the device's end), and the
     process's CPU time over the same window (read where its timer starts and stops). count_calls: the Python calls
-    a step over that window instead (CallCounter: the counting slows the loop, so its times mean nothing)."""
+    a step over that window instead (CallCounter: the counting slows the loop, so its times mean nothing). chunks:
+    the bare loop interleaved (BareChunks), the figures those of imgcls's own chunks."""
     from imgcls.bench import training
 
     cpu: dict[str, float] = {}
@@ -93,6 +95,8 @@ def imgcls_loop(cfg: DictConfig, count_calls: bool = False) -> dict[str, float]:
 
     def on_train_batch_end(self: training.BenchmarkTimer, *args: Any, **kwargs: Any) -> None:
         timer_end(self, *args, **kwargs)
+        if chunks is not None and self.seen >= self.warmup:
+            chunks.after_step(self.seen - self.warmup)
         if self.seen == self.warmup:
             cpu["start"] = time.process_time()
             if count_calls:
@@ -113,7 +117,7 @@ def imgcls_loop(cfg: DictConfig, count_calls: bool = False) -> dict[str, float]:
         "cpu_ms": 1000 * (cpu["stop"] - cpu["start"]) / steps,
         "device_ms": 1000 * batch / metrics["train.compute_ips"],
         "calls": calls.count / steps if count_calls else math.nan,
-    }
+    } | (chunks.figures() if chunks is not None else {})
 
 
 class CallCounter:
@@ -267,19 +271,14 @@ class _Clock:
         return self.result
 
 
-def bare_loop(
-    cfg: DictConfig, steps: int, warmup: int, imgcls_optimizer: bool = False, count_calls: bool = False
-) -> dict[str, float]:
-    """The same network and schedule as imgcls builds them, in a plain loop over the same batch. imgcls_optimizer:
-    with imgcls's optimizer, whose gradients are unscaled before its step as imgcls's precision plugin does."""
-    parts = _parts(cfg, steps + warmup, imgcls_optimizer)
+def _bare_step(parts: _Parts, imgcls_optimizer: bool = False) -> Callable[[int], None]:
+    """One step of the bare loop over `parts`, given the step's index (the EMA's ramp, the schedule).
+    imgcls_optimizer: the gradients are unscaled before the optimizer's step, as imgcls's precision plugin does."""
     net, optimizer, device, half, scaler = parts.net, parts.optimizer, parts.device, parts.half, parts.scaler
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.0 if parts.mixup else parts.smoothing)
     unscale_first = imgcls_optimizer and scaler.is_enabled() and getattr(optimizer, "_step_supports_amp_scaling", False)
-    clock = _Clock(device, count_calls)
-    for step in range(steps + warmup):
-        if step == warmup:
-            clock.start()
+
+    def step(index: int) -> None:
         images, targets = _training_batch(parts)
         with torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None):
             loss = criterion(net(images), targets)
@@ -290,15 +289,87 @@ def bare_loop(
         scaler.step(optimizer)
         scaler.update()
         if parts.ema is not None:
-            parts.ema.update(net, step=step)
-        parts.scheduler.step_update(num_updates=step + 1)
+            parts.ema.update(net, step=index)
+        parts.scheduler.step_update(num_updates=index + 1)
+
+    return step
+
+
+def bare_loop(
+    cfg: DictConfig, steps: int, warmup: int, imgcls_optimizer: bool = False, count_calls: bool = False
+) -> dict[str, float]:
+    """The same network and schedule as imgcls builds them, in a plain loop over the same batch. imgcls_optimizer:
+    with imgcls's optimizer, stepped as imgcls's precision plugin steps it."""
+    parts = _parts(cfg, steps + warmup, imgcls_optimizer)
+    step = _bare_step(parts, imgcls_optimizer)
+    clock = _Clock(parts.device, count_calls)
+    for index in range(steps + warmup):
+        if index == warmup:
+            clock.start()
+        step(index)
     return clock.stop(steps)
 
 
-def lightning_loop(cfg: DictConfig, steps: int, warmup: int, count_calls: bool = False) -> dict[str, float]:
+class BareChunks:
+    """The bare loop interleaved with another loop in its own process: after every `size` timed steps of that loop
+    (and once before the first), `size` steps of the bare loop on a copy of its parts. Each chunk of the other loop
+    is then compared with the bare chunks just before and just after it, a fraction of a second apart: the VM's
+    speed, which moves whole runs by 20-50% from one minute to the next, reaches both sides of a pair alike."""
+
+    def __init__(self, cfg: DictConfig, size: int, steps: int, warmup: int) -> None:
+        self.size = size
+        self.parts = _parts(cfg, warmup + steps + size)
+        self._step = _bare_step(self.parts)
+        self._index = 0
+        self.own: list[tuple[float, float]] = []  # (wall, CPU) seconds of each chunk of the other loop
+        self.bare: list[tuple[float, float]] = []
+        self._mark: tuple[float, float] | None = None
+        for _ in range(warmup):  # warmed up as the other loop is
+            self._bare_steps(1)
+
+    def _bare_steps(self, count: int) -> None:
+        for _ in range(count):
+            self._step(self._index)
+            self._index += 1
+
+    def after_step(self, timed: int) -> None:
+        """At the end of the other loop's step, `timed` of its timed steps done (0: the end of its warm-up)."""
+        if timed % self.size:
+            return
+        _wait(self.parts.device)
+        now = (time.perf_counter(), time.process_time())
+        if self._mark is not None:
+            self.own.append((now[0] - self._mark[0], now[1] - self._mark[1]))
+        self._bare_steps(self.size)
+        _wait(self.parts.device)
+        after = (time.perf_counter(), time.process_time())
+        self.bare.append((after[0] - now[0], after[1] - now[1]))
+        self._mark = (time.perf_counter(), time.process_time())
+
+    def figures(self) -> dict[str, float]:
+        """The other loop's ms a step over its chunks (wall and CPU), and its extra ms a step over the bare loop: the
+        median over its chunks of chunk_extra (paired_host_ms, paired_cpu_ms)."""
+        steps = self.size * len(self.own)
+        figures = {"chunks": float(len(self.own))}
+        for at, key in ((0, "host_ms"), (1, "cpu_ms")):
+            own, bare = [c[at] / self.size * 1000 for c in self.own], [c[at] / self.size * 1000 for c in self.bare]
+            figures[key] = sum(own) / len(own) if steps else math.nan
+            figures[f"paired_{key}"] = chunk_extra(own, bare) if steps else math.nan
+        return figures
+
+
+def chunk_extra(own: list[float], bare: list[float]) -> float:
+    """The median over the other loop's chunks of each one less the mean of the bare chunks either side of it (bare
+    has one more: before the first and after each): a drift between the two bare chunks cancels to first order."""
+    return statistics.median(o - (before + after) / 2 for o, before, after in zip(own, bare, bare[1:], strict=False))
+
+
+def lightning_loop(
+    cfg: DictConfig, steps: int, warmup: int, count_calls: bool = False, chunks: BareChunks | None = None
+) -> dict[str, float]:
     """The same parts in the smallest LightningModule (training_step, optimizer, scheduler, the EMA update after each
     step) and a bare Trainer with Lightning's own precision plugin: what Lightning's own loop costs, apart from what
-    imgcls adds to it."""
+    imgcls adds to it. chunks: as imgcls_loop's."""
     import lightning as L
     from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -337,6 +408,8 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int, count_calls: bool =
                 clock.start()
             if batch_idx == warmup + steps - 1:
                 clock.stop(steps)
+            if chunks is not None and batch_idx >= warmup - 1:
+                chunks.after_step(batch_idx - warmup + 1)
 
     class SameBatch:  # an iterable of the one batch (a list would be several loaders to Lightning)
         def __len__(self) -> int:
@@ -351,7 +424,7 @@ def lightning_loop(cfg: DictConfig, steps: int, warmup: int, count_calls: bool =
         enable_model_summary=False, benchmark=not bool(cfg.deterministic),
     )  # fmt: skip
     trainer.fit(Minimal(), SameBatch())
-    return clock.result
+    return clock.result | (chunks.figures() if chunks is not None else {})
 
 
 def _wait(device: torch.device) -> None:
@@ -381,6 +454,7 @@ class Measured:
 
     runs: dict[str, list[dict[str, float]]]
     calls: dict[str, float]
+    chunk: int = 0  # the bare loop interleaved in chunks of this many steps (0: not)
 
 
 def skips_on_the_device(cfg: DictConfig) -> bool:
@@ -403,9 +477,15 @@ def table(measured: Measured, cfg: DictConfig, steps: int, feature_set: str = "p
         f"{feature_set}: {cfg.model.arch} @{cfg.model.image_size} px, batch {_batch_size(cfg)}, "
         f"precision={cfg.precision.name}, optimizer={cfg.recipe.optimizer}, ema={cfg.recipe.ema_decay}, "
         f"mixup={cfg.recipe.mixup} ({cfg.recipe.mixup_mode}), drop_path={cfg.model.drop_path_rate}, "
-        f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results[BARE])} runs",
+        f"{cfg.trainer.accelerator}, {steps} timed steps x {len(results[BARE])} runs; extra ms: "
+        + (
+            f"the bare loop interleaved in {measured.chunk}-step chunks, each chunk less the bare ones either side"
+            if measured.chunk
+            else "each run less the bare loop's run before it"
+        )
+        + ", median",
         "| loop | ms a step, median (min-max) | CPU ms a step | device ms a step | extra CPU ms over the bare loop, "
-        "median of the runs' | extra host ms over the bare loop, median of the runs' | Python calls a step "
+        "paired median | extra host ms over the bare loop, paired median | Python calls a step "
         "| extra calls over the bare loop |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -421,8 +501,11 @@ def table(measured: Measured, cfg: DictConfig, steps: int, feature_set: str = "p
 
 
 def paired_extra(rows: list[dict[str, float]], bare: list[dict[str, float]], key: str) -> float:
-    """The median over the runs of each run's figure less the bare loop's run just before it: a VM that slows
-    down for minutes moves both runs of a pair alike, so the difference drifts less than the medians apart."""
+    """The median over the runs of each run's extra over the bare loop: with the bare loop interleaved, the run's
+    own (BareChunks: `paired_` keys); otherwise the run's figure less the bare loop's run just before it (a VM that
+    slows down for minutes moves both runs of a pair alike, so the difference drifts less than the medians apart)."""
+    if all(f"paired_{key}" in row for row in rows):
+        return statistics.median(row[f"paired_{key}"] for row in rows)
     return statistics.median(row[key] - base[key] for row, base in zip(rows, bare, strict=True))
 
 
@@ -430,7 +513,7 @@ def summary(tables: dict[str, Measured]) -> str:
     """One row per feature set: imgcls's median ms a step against its bare loop's, wall and CPU time (the differences:
     paired_extra), and the Python calls a step of the bare loop, Lightning's smallest module and imgcls."""
     lines = [
-        "| feature set | bare loop ms | imgcls ms | imgcls - bare, median of the runs' | bare loop CPU ms "
+        "| feature set | bare loop ms | imgcls ms | imgcls - bare, paired median | bare loop CPU ms "
         "| imgcls CPU ms | imgcls - bare, CPU | calls a step: bare / Lightning / imgcls |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -448,29 +531,38 @@ def summary(tables: dict[str, Measured]) -> str:
     return "\n".join(lines)
 
 
-def run_loop(loop: str, cfg: DictConfig, steps: int, warmup: int, count_calls: bool = False) -> dict[str, float]:
+def run_loop(
+    loop: str, cfg: DictConfig, steps: int, warmup: int, count_calls: bool = False, chunk: int = 0
+) -> dict[str, float]:
+    """One run of `loop`. chunk: Lightning's and imgcls's loops with the bare loop interleaved, `chunk` steps at a
+    time (BareChunks); not while calls are counted (the bare steps' calls would count)."""
+    interleaved = chunk and not count_calls and loop in (LIGHTNING, IMGCLS)
+    chunks = BareChunks(cfg, chunk, steps, warmup) if interleaved else None
     if loop == BARE:
         return bare_loop(cfg, steps, warmup, count_calls=count_calls)
     if loop == LIGHTNING:
-        return lightning_loop(cfg, steps, warmup, count_calls=count_calls)
+        return lightning_loop(cfg, steps, warmup, count_calls=count_calls, chunks=chunks)
     if loop == IMGCLS:
-        return imgcls_loop(cfg, count_calls=count_calls)
+        return imgcls_loop(cfg, count_calls=count_calls, chunks=chunks)
     if loop == BARE_IMGCLS_OPTIMIZER:
         return bare_loop(cfg, steps, warmup, imgcls_optimizer=True, count_calls=count_calls)
     raise ValueError(f"no loop named {loop!r}")
 
 
-def measure(cfg: DictConfig, steps: int, warmup: int, repeats: int, count_calls: bool = True) -> Measured:
-    """Each loop `repeats` times, alternating, so that a machine's drift reaches each loop alike; then (count_calls)
-    each once more with its Python calls counted."""
+def measure(
+    cfg: DictConfig, steps: int, warmup: int, repeats: int, count_calls: bool = True, chunk: int = 0
+) -> Measured:
+    """Each loop `repeats` times, alternating, so that a machine's drift reaches each loop alike (chunk: and the bare
+    loop interleaved with Lightning's and imgcls's, run_loop); then (count_calls) each once more with its Python
+    calls counted."""
     loops = [BARE, LIGHTNING, IMGCLS] + ([BARE_IMGCLS_OPTIMIZER] if skips_on_the_device(cfg) else [])
     runs: dict[str, list[dict[str, float]]] = {loop: [] for loop in loops}
     for _ in range(repeats):
         for loop in loops:
-            runs[loop].append(run_loop(loop, cfg, steps, warmup))
+            runs[loop].append(run_loop(loop, cfg, steps, warmup, chunk=chunk))
     calls = {loop: run_loop(loop, cfg, steps, warmup, count_calls=True)["calls"] if count_calls else math.nan
              for loop in loops}  # fmt: skip
-    return Measured(runs, calls)
+    return Measured(runs, calls, chunk)
 
 
 def optimizer_steps(cfg: DictConfig, steps: int) -> str:
@@ -570,12 +662,22 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="run each loop once more, counting its Python calls a step (--no-calls: not)",
     )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=10,
+        metavar="K",
+        help="run the bare loop inside Lightning's and imgcls's runs, K steps after every K of theirs, and pair "
+        "their chunks (0: pair whole runs)",
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. precision=amp model=resnet50")
     args = parser.parse_args(argv)
     feature_sets = [name.strip() for name in args.sets.split(",") if name.strip()]
     unknown = [name for name in feature_sets if name not in FEATURE_SETS]
     if unknown or not feature_sets:
         parser.error(f"--sets: {', '.join(unknown) or 'none given'}; known: {', '.join(FEATURE_SETS)}")
+    if not 0 <= args.chunk <= args.steps:
+        parser.error(f"--chunk: {args.chunk}; allowed: 0 (pair whole runs) to --steps ({args.steps})")
     torch.set_num_threads(args.threads)
     from imgcls.config.hardware import resolve_auto_hardware
 
@@ -589,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(optimizer_steps(cfg, args.optimizer_steps), flush=True)
             if args.repeats <= 0:
                 continue
-            tables[feature_set] = measure(cfg, args.steps, args.warmup, args.repeats, args.calls)
+            tables[feature_set] = measure(cfg, args.steps, args.warmup, args.repeats, args.calls, args.chunk)
             print(table(tables[feature_set], cfg, args.steps, feature_set), flush=True)
             if args.profile:
                 print(profile(cfg, args.profile))
