@@ -124,7 +124,12 @@ def test_train_loss_and_lr_are_logged_only_on_the_steps_lightning_writes(
     assert sum(1 for row in rows if re.match(r"^[^,]*\d", row)) >= 3  # the loggers still get train.loss rows
 
 
-TABLE_ROW = re.compile(r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+) \| (\d+|-) \| ([+-]\d+|-) \|$", re.M)
+# name, ms a step, the extra host ms (its runs' spread after it, where several), calls a step, extra calls
+TABLE_ROW = re.compile(
+    r"^\| (.+?) \| ([\d.]+) \(.*?\| .*? \| ([+-][\d.]+)(?: \([+-][\d.]+ to [+-][\d.]+\))? "
+    r"\| (\d+|-) \| ([+-]\d+|-) \|$",
+    re.M,
+)
 
 
 @pytest.mark.slow
@@ -173,6 +178,11 @@ def test_each_chunk_is_paired_with_the_bare_chunks_either_side_so_a_drift_cancel
     bare, own = [10.0, 20.0, 30.0, 40.0], [16.0, 26.0, 36.0]
     assert overhead.chunk_extra(own, bare) == pytest.approx(1.0)
     assert overhead.paired_extra([{"host_ms": 26.0, "paired_host_ms": 1.0}], [{"host_ms": 25.0}], "host_ms") == 1.0
+    runs = [{"host_ms": 20.0, "paired_host_ms": extra} for extra in (1.5, 0.5, 1.0)]
+    cell = overhead.extra_cell(overhead.paired_extras(runs, [{"host_ms": 19.0}] * 3, "host_ms"))
+    assert cell == "+1.00 (+0.50 to +1.50)" and overhead.extra_cell([1.0]) == "+1.00"  # the runs' spread, where several
+    row = f"| imgcls (mode=benchmark) | 20.00 (19.00-21.00) | 20.00 | 19.00 | {cell} | {cell} | 2771 | +1392 |"
+    assert [m.group(1, 3, 4) for m in TABLE_ROW.finditer(row)] == [("imgcls (mode=benchmark)", "+1.00", "2771")]
 
 
 @pytest.mark.slow

@@ -490,23 +490,34 @@ def table(measured: Measured, cfg: DictConfig, steps: int, feature_set: str = "p
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, rows in results.items():
-        extra = {key: paired_extra(rows, results[BARE], key) for key in ("host_ms", "cpu_ms")}
+        extra = {key: extra_cell(paired_extras(rows, results[BARE], key)) for key in ("host_ms", "cpu_ms")}
         calls, extra_calls = measured.calls[name], measured.calls[name] - measured.calls[BARE]
         counted = f"{calls:.0f} | {extra_calls:+.0f}" if not math.isnan(calls) else "- | -"
         lines.append(
             f"| {name} | {cell(rows, 'host_ms')} | {cell(rows, 'cpu_ms')} | {cell(rows, 'device_ms')} "
-            f"| {extra['cpu_ms']:+.2f} | {extra['host_ms']:+.2f} | {counted} |"
+            f"| {extra['cpu_ms']} | {extra['host_ms']} | {counted} |"
         )
     return "\n".join(lines)
 
 
-def paired_extra(rows: list[dict[str, float]], bare: list[dict[str, float]], key: str) -> float:
-    """The median over the runs of each run's extra over the bare loop: with the bare loop interleaved, the run's
-    own (BareChunks: `paired_` keys); otherwise the run's figure less the bare loop's run just before it (a VM that
-    slows down for minutes moves both runs of a pair alike, so the difference drifts less than the medians apart)."""
+def extra_cell(extras: list[float]) -> str:
+    """The median of the runs' extras, and their spread where there are several: '+1.35 (+1.10 to +1.62)'."""
+    median = f"{statistics.median(extras):+.2f}"
+    return median if len(extras) < 2 else f"{median} ({min(extras):+.2f} to {max(extras):+.2f})"
+
+
+def paired_extras(rows: list[dict[str, float]], bare: list[dict[str, float]], key: str) -> list[float]:
+    """Each run's extra over the bare loop: with the bare loop interleaved, the run's own (BareChunks: `paired_`
+    keys); otherwise the run's figure less the bare loop's run just before it (a VM that slows down for minutes moves
+    both runs of a pair alike, so the difference drifts less than the medians apart)."""
     if all(f"paired_{key}" in row for row in rows):
-        return statistics.median(row[f"paired_{key}"] for row in rows)
-    return statistics.median(row[key] - base[key] for row, base in zip(rows, bare, strict=True))
+        return [row[f"paired_{key}"] for row in rows]
+    return [row[key] - base[key] for row, base in zip(rows, bare, strict=True)]
+
+
+def paired_extra(rows: list[dict[str, float]], bare: list[dict[str, float]], key: str) -> float:
+    """The median of the runs' paired_extras."""
+    return statistics.median(paired_extras(rows, bare, key))
 
 
 def summary(tables: dict[str, Measured]) -> str:
