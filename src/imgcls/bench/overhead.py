@@ -5,11 +5,13 @@ The bare loop is what a user would write: forward, loss, backward, optimizer ste
 and a GradScaler under precision=amp, and no host sync. The smallest LightningModule (training_step, the same
 optimizer and schedule) under a bare Trainer shows what Lightning's own loop costs. imgcls's loop is
 `mode=benchmark` (the real Trainer, module, callbacks and data module; data=synthetic: one batch on the device).
-Each loop runs `--repeats` times, alternating, and the table shows the median ms a step and the spread. On a GPU
-the timing waits for the device at the ends only, so a loop whose host work per step exceeds the device's shows
-it; the device ms a step come from CUDA events. The extra over the bare loop is the median of each run's difference
-to the bare loop's run just before it. Each loop then runs once more with its Python calls counted (`--no-calls`:
-not): a count of the host work that the machine's speed does not move.
+Each loop runs `--repeats` times, alternating, and the table shows the median ms a step and the spread. The extra
+over the bare loop is measured inside each run of Lightning's and imgcls's loops, which run the bare loop `--chunk`
+steps at a time between their own (BareChunks; the timing waits for the device at each chunk's ends). `--chunk 0`
+pairs each run with the bare loop's run just before it instead; on a GPU the timing then waits for the device at the
+run's ends only, so a loop whose host work per step exceeds the device's shows it; the device ms a step come from
+CUDA events. Each loop then runs once more with its Python calls counted (`--no-calls`: not): a count of the host
+work that the machine's speed does not move.
 
 The default network is timm's `test_resnet` at 8 px, batch 8, fp32 on the CPU: its compute is a few ms, so the
 host work of the loop around it shows. `--sets` picks published recipes' feature sets instead (FEATURE_SETS): the
@@ -313,8 +315,8 @@ def bare_loop(
 class BareChunks:
     """The bare loop interleaved with another loop in its own process: after every `size` timed steps of that loop
     (and once before the first), `size` steps of the bare loop on a copy of its parts. Each chunk of the other loop
-    is then compared with the bare chunks just before and just after it, a fraction of a second apart: the VM's
-    speed, which moves whole runs by 20-50% from one minute to the next, reaches both sides of a pair alike."""
+    is then compared with the bare chunks just before and just after it, a fraction of a second apart: a shared
+    machine's speed, which drifts from one minute to the next (docs/benchmarks.md), reaches both sides alike."""
 
     def __init__(self, cfg: DictConfig, size: int, steps: int, warmup: int) -> None:
         self.size = size
