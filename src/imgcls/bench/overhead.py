@@ -351,12 +351,11 @@ class BareChunks:
     def figures(self) -> dict[str, float]:
         """The other loop's ms a step over its chunks (wall and CPU), and its extra ms a step over the bare loop: the
         median over its chunks of chunk_extra (paired_host_ms, paired_cpu_ms)."""
-        steps = self.size * len(self.own)
         figures = {"chunks": float(len(self.own))}
         for at, key in ((0, "host_ms"), (1, "cpu_ms")):
             own, bare = [c[at] / self.size * 1000 for c in self.own], [c[at] / self.size * 1000 for c in self.bare]
-            figures[key] = sum(own) / len(own) if steps else math.nan
-            figures[f"paired_{key}"] = chunk_extra(own, bare) if steps else math.nan
+            figures[key] = statistics.fmean(own) if own else math.nan
+            figures[f"paired_{key}"] = chunk_extra(own, bare) if own else math.nan
         return figures
 
 
