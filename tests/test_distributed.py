@@ -358,11 +358,13 @@ def test_only_rank_zero_of_a_multi_task_sweep_job_writes_hydra_files_and_the_log
     data = make_image_folder(tmp_path / "data", classes=2, train_per_class=8, val_per_class=2)
     sweep = tmp_path / "sweep"
     env = {**clean_env(), "WANDB_MODE": "offline", "SLURM_PROCID": rank}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", f"hydra.sweep.dir={sweep}",
-         *tiny_overrides(data, "trainer.max_steps=1", "logger=none")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+    argv = [
+        ROOT / "train.py",
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        *tiny_overrides(data, "trainer.max_steps=1", "logger=none"),
+    ]
+    result = warm_python.run(argv, cwd=tmp_path, base_env=env, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
     job = sweep / "0"
     assert (job / "checkpoints" / "last.ckpt").is_file()  # the job ran

@@ -24,6 +24,7 @@ from imgcls.config.checks import check_config
 from imgcls.config.published import throughput_table
 from imgcls.run.plan import resolve_plan
 from imgcls.run.trainer import check_trainer_args
+from tests import warm_python
 from tests.conftest import ROOT, compose_config
 
 THROUGHPUT = throughput_table()  # NVIDIA's training img/s: {(model, hardware, precision): {GPUs: img/s}}
@@ -200,7 +201,8 @@ def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> N
     assert {"recipe.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
             "recipe.ema_decay=0.999"} <= set(planned_row.overrides)  # fmt: skip
     overrides = small_on_cpu(planned_row.overrides)
-    row = gpu_check.execute(gpu_check.Check("amp+GradScaler", overrides), "cpu", gpus=1)
+    with warm_python.as_sys_executable():  # gpu_check's `python train.py` processes
+        row = gpu_check.execute(gpu_check.Check("amp+GradScaler", overrides), "cpu", gpus=1)
     assert row["status"] == "ok", row
     assert row["ips"] > 0 and row["syncs"] is None, row  # report.json has no host-syncs figure
     trained = r"skipped steps 0, loss \d+\.\d{3}, val\.top1 \d+\.\d%, val_ema\.top1 \d+\.\d%"
@@ -209,11 +211,13 @@ def test_a_check_runs_train_py_and_reads_its_report(image_folder, tmp_path) -> N
     assert [epoch["step"] for epoch in document["epochs"]] == [3]  # 3 steps (of 6 batches), then validation
     stopped_early = small_on_cpu(planned_row.overrides, trainer__limit_train_batches=None, trainer__max_steps="3",
                                  hydra__run__dir=f"{tmp_path}/max_steps")  # fmt: skip
-    unvalidated = gpu_check.execute(gpu_check.Check("amp+GradScaler", stopped_early), "cpu", gpus=1)
+    with warm_python.as_sys_executable():
+        unvalidated = gpu_check.execute(gpu_check.Check("amp+GradScaler", stopped_early), "cpu", gpus=1)
     assert unvalidated["status"] == "FAILED", unvalidated
     assert unvalidated["note"].startswith("missing or not finite in report.json's run summary: val.top1, val_ema.top1 ")
     bad = small_on_cpu(planned_row.overrides, model__image_size="-5", hydra__run__dir=f"{tmp_path}/bad")
-    failing = gpu_check.execute(gpu_check.Check("bf16", bad), "cpu", gpus=1)
+    with warm_python.as_sys_executable():
+        failing = gpu_check.execute(gpu_check.Check("bf16", bad), "cpu", gpus=1)
     assert failing["status"] == "FAILED" and failing["note"].startswith("exit 2: ")
 
 
@@ -667,7 +671,8 @@ def test_cifar_end_to_end_row_reads_a_real_report(image_folder, tmp_path) -> Non
     overrides = tuple(
         f"{key}={replaced[key]}" if (key := o.split("=", 1)[0]) in replaced else o for o in check.overrides
     )
-    row = gpu_check.execute(gpu_check.Check(check.path, overrides, extra=check.extra), "cpu", gpus=1)
+    with warm_python.as_sys_executable():
+        row = gpu_check.execute(gpu_check.Check(check.path, overrides, extra=check.extra), "cpu", gpus=1)
     assert row["ips"] > 0 and row["syncs"] is None, row
     assert re.fullmatch(
         r"total \d\.\d\dx compute \(\d+ of \d+ img/s, mark >= 0\.90x\)(: FAILED)?; "

@@ -316,7 +316,7 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
     UncompletedJobError ("has not produced any output"); a requeued task would have started from scratch."""
     sweep, marker = tmp_path / "sweep", tmp_path / "waiting"
     argv = [
-        sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
+        ROOT / "train.py", "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
         "hydra.launcher.timeout_min=10",
         *tiny_overrides(data, "recipe.epochs=6", "callbacks.checkpoint.every_n_train_steps=1", "logger=csv"),
         # The task waits after its first last.ckpt until the signal is in (submitit's controller starts train.py
@@ -325,10 +325,10 @@ def test_submitit_local_executor_preempts_requeues_and_the_task_resumes(data: Pa
         "+hydra.callbacks.waiter._target_=tests.train_until_signalled.WaitAfterCheckpoint",
         f"+hydra.callbacks.waiter.marker={marker}",
     ]  # fmt: skip
-    # The repository first (tests.train_until_signalled), the caller's PYTHONPATH after it, as warm_python does.
+    # The repository first (tests.train_until_signalled), the caller's PYTHONPATH after it, as warm_python does:
+    # submitit's task is a fresh interpreter.
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": pythonpath}
-    launcher = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = warm_python.start(argv, env={"WANDB_MODE": "offline", "PYTHONPATH": pythonpath}, cwd=tmp_path)
     _wait_for_file(marker, launcher)
     # Named for the job id, the pid of submitit's controller (beside the unexpanded "%j" it creates first).
     (folder,) = [f for f in (sweep / ".submitit").iterdir() if f.name.isdigit()]

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from imgcls.callbacks.charts import SOFTWARE
+from tests import warm_python
 from tests.conftest import compose_config, read_report, run_cli, tiny_overrides
 
 
@@ -148,11 +149,12 @@ def on_a_terminal(*argv: str, env: dict[str, str]) -> str:
 
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    environment = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")}
+    with warm_python.as_sys_executable():  # a warm process; its stdout and stderr are the shim's: the terminal
+        unset = ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")
+        environment = {k: v for k, v in os.environ.items() if k not in unset}
+        shim = sys.executable
     environment.update(env, TERM="xterm", WANDB_MODE="offline")
-    with subprocess.Popen(
-        [sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal, env=environment
-    ) as proc:
+    with subprocess.Popen([shim, *argv], stdin=terminal, stdout=terminal, stderr=terminal, env=environment) as proc:
         os.close(terminal)
         chunks = []
         while True:

@@ -20,6 +20,7 @@ with argv, its own stdio files and a pid a test can signal; nothing in the stand
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -287,6 +289,23 @@ def start(
     """Start `python ARGV` (a script path, or -m MODULE, and its arguments) as a real process of the warm server,
     with the environment `base_env` (this process's by default) updated by `env`."""
     return warm_server().start([str(a) for a in argv], {**(base_env or os.environ), **(env or {})}, Path(cwd))
+
+
+@contextlib.contextmanager
+def as_sys_executable() -> Iterator[None]:
+    """Inside: `sys.executable SCRIPT.py ...` started by the code under test (gpu_check's rows, Hydra's submitit
+    launcher) runs as a warm process, through the shim, as in a warm process's own children."""
+    server = warm_server()
+    saved = sys.executable, os.environ.get(SOCKET_VARIABLE)
+    sys.executable, os.environ[SOCKET_VARIABLE] = str(server._shim), str(server._socket)
+    try:
+        yield
+    finally:
+        sys.executable = saved[0]
+        if saved[1] is None:
+            del os.environ[SOCKET_VARIABLE]
+        else:
+            os.environ[SOCKET_VARIABLE] = saved[1]
 
 
 def run(
