@@ -214,9 +214,12 @@ def test_ctrl_c_before_training_is_one_line_and_exit_130(command: str, tmp_path:
 
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED_AT_START.format(root=str(ROOT), program=str(ROOT / "train.py")))
+    # A terminal's Ctrl-C reaches a foreground command: the default disposition, which Python turns into
+    # KeyboardInterrupt, even where this suite itself was started with SIGINT ignored (a shell's background job).
     result = subprocess.run(
         [sys.executable, str(script), command, "ckpt=none.ckpt"], cwd=tmp_path, env=clean_env(),
         capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
