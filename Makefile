@@ -26,7 +26,7 @@ train: $(STAMP)   ## the demo: ResNet18 on embedded handwritten digits, CPU, a f
 test: $(STAMP)    ## the test suite (CPU only; GPU tests skip without CUDA)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
-test-fast: $(STAMP)   ## the edit loop: every test not marked slow (no training run, DDP or subprocess), ~1 min
+test-fast: $(STAMP)   ## the edit loop: every test not marked slow (no training run, DDP or subprocess)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)   ## ruff's lint and format check (CI runs it before the tests)
