@@ -3,9 +3,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
-# --no-compile: Python compiles a module to bytecode on its first import and keeps it; pip's default compiles all
-# of the ~19,000 files (torch, triton, nvidia's) first, about 2 CPU minutes on these machines.
-PIP_ARGS ?= --no-compile
+# pip's own arguments, e.g. PIP_ARGS=--no-compile (not CI's: its environment sets PYTHONDONTWRITEBYTECODE, so every
+# fresh interpreter would compile torch's modules again at each import instead of pip compiling them once).
+PIP_ARGS ?=
 # Test processes: most tests wait on one single-threaded train.py or DDP subprocess, so two workers keep both
 # cores busy (pytest-xdist; TEST_JOBS=0 runs in one process).
 TEST_JOBS ?= 2
