@@ -293,8 +293,9 @@ def start(
 
 @contextlib.contextmanager
 def as_sys_executable() -> Iterator[None]:
-    """Inside: `sys.executable SCRIPT.py ...` started by the code under test (gpu_check's rows, Hydra's submitit
-    launcher) runs as a warm process, through the shim, as in a warm process's own children."""
+    """Inside: `sys.executable SCRIPT.py ...` started by the code under test (gpu_check's rows) or by the test itself
+    where it needs a Popen's own arguments (a pseudo-terminal's descriptors) runs as a warm process, through the
+    shim, as in a warm process's own children."""
     server = warm_server()
     saved = sys.executable, os.environ.get(SOCKET_VARIABLE)
     sys.executable, os.environ[SOCKET_VARIABLE] = str(server._shim), str(server._socket)
