@@ -3,9 +3,6 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
-# pip's own arguments, e.g. PIP_ARGS=--no-compile (not CI's: its environment sets PYTHONDONTWRITEBYTECODE, so every
-# fresh interpreter would compile torch's modules again at each import instead of pip compiling them once).
-PIP_ARGS ?=
 # Test processes: most tests wait on one single-threaded train.py or DDP subprocess, so two workers keep both
 # cores busy (pytest-xdist; TEST_JOBS=0 runs in one process).
 TEST_JOBS ?= 2
@@ -14,7 +11,7 @@ TEST_JOBS ?= 2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q $(PIP_ARGS) -e '.[dev,export,cluster]'
+	$(PY) -m pip install -q -e '.[dev,export,cluster]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
