@@ -27,7 +27,7 @@ def instructions(path: Path) -> list[tuple[str, str]]:
 
 
 def makefile_extras() -> str:
-    match = re.search(r"pip install -q -e '(\.\[[^\]]+\])'", (ROOT / "Makefile").read_text())
+    match = re.search(r"uv pip install .* -e '(\.\[[^\]]+\])'", (ROOT / "Makefile").read_text())
     assert match, "the Makefile's install line changed: update this test and the Dockerfiles"
     return match.group(1)
 
