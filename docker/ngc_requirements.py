@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-EXTRAS = ("dev", "export", "cluster")  # as the Makefile: pip install -e '.[dev,export,cluster]'
+EXTRAS = ("dev", "export", "cluster")  # as the Makefile's install line: -e '.[dev,export,cluster]'
 SHIPPED = ("torch", "torchvision", "nvidia-dali")  # in the NGC image, pinned by /etc/pip/constraint.txt
 
 
