@@ -11,7 +11,7 @@ TEST_JOBS ?= 2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-# uv downloads, unpacks and byte-compiles in parallel: a fresh install took 77 s against pip's 276 s
+# uv downloads, unpacks and byte-compiles in parallel: a fresh install in about a third of pip's time
 # (docs/testing.md). It reads UV_INDEX_URL, not pip's configuration.
 	$(PY) -m pip install -q 'uv>=0.13,<0.14'
 	$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode -q -e '.[dev,export,cluster]'
