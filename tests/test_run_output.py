@@ -144,16 +144,13 @@ def on_a_terminal(*argv: str, env: dict[str, str]) -> str:
     import pty
     import struct
     import subprocess
-    import sys
     import termios
 
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    with warm_python.as_sys_executable():  # a warm process; its stdout and stderr are the shim's: the terminal
-        unset = ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")
-        environment = {k: v for k, v in os.environ.items() if k not in unset}
-        shim = sys.executable
-    environment.update(env, TERM="xterm", WANDB_MODE="offline")
+    shim, shim_environment = warm_python.shim()  # a warm process; its stdout and stderr are the shim's: the terminal
+    environment = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")}
+    environment.update(env, **shim_environment, TERM="xterm", WANDB_MODE="offline")
     with subprocess.Popen([shim, *argv], stdin=terminal, stdout=terminal, stderr=terminal, env=environment) as proc:
         os.close(terminal)
         chunks = []

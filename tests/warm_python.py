@@ -291,14 +291,22 @@ def start(
     return warm_server().start([str(a) for a in argv], {**(base_env or os.environ), **(env or {})}, Path(cwd))
 
 
+def shim() -> tuple[str, dict[str, str]]:
+    """An interpreter path and the environment it needs, for a test that starts `python SCRIPT.py ...` with Popen's
+    own arguments (a pseudo-terminal's descriptors): the script runs as a warm process, as in a warm process's own
+    children."""
+    server = warm_server()
+    return str(server._shim), {SOCKET_VARIABLE: str(server._socket)}
+
+
 @contextlib.contextmanager
 def as_sys_executable() -> Iterator[None]:
-    """Inside: `sys.executable SCRIPT.py ...` started by the code under test (gpu_check's rows) or by the test itself
-    where it needs a Popen's own arguments (a pseudo-terminal's descriptors) runs as a warm process, through the
-    shim, as in a warm process's own children."""
-    server = warm_server()
+    """Inside: `sys.executable SCRIPT.py ...` started by the code under test (gpu_check's rows) runs through the
+    shim()."""
+    path, environment = shim()
     saved = sys.executable, os.environ.get(SOCKET_VARIABLE)
-    sys.executable, os.environ[SOCKET_VARIABLE] = str(server._shim), str(server._socket)
+    sys.executable = path
+    os.environ.update(environment)
     try:
         yield
     finally:
