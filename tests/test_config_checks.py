@@ -106,6 +106,23 @@ def test_warmup_longer_than_the_run_warns(caplog: pytest.LogCaptureFixture) -> N
     assert caplog.records == []
 
 
+def test_tf1_crop_without_object_boxes_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """TF1's recipe crops against the records' object boxes: from an image folder (the default format) there are
+    none, and the run says so in one line instead of cropping against the whole image unannounced."""
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
+        check_config(compose_config(["experiment=tf1_resnet50_dgx1v_amp_90e"]))
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.train_crop_object_boxes=true (TF1's crop covers ImageNet's object boxes) with data.format=folder, "
+        "which carries no boxes: the crop samples against the whole image, as TF2's; NVIDIA's TF1 runs read the "
+        "boxes from TFRecords (data.format=tfrecord)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
+        check_config(compose_config(["experiment=tf1_resnet50_dgx1v_amp_90e", "data.format=tfrecord"]))
+        check_config(compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp"]))  # TF2: the whole image
+    assert caplog.records == []
+
+
 def test_the_cli_checks_before_importing_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     """imgcls.cli checks the config before it imports the mode's module, which checks it again: the warning is
     logged by the second check only."""

@@ -25,15 +25,21 @@ from imgcls.training.sync_batchnorm import TimmSyncBatchNorm
 from tests.conftest import compose_config, read_report, tiny_overrides
 
 
-def test_rmsprop_tf_is_tensorflows_update() -> None:
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("start", [None, 0.0])
+def test_rmsprop_tf_is_tensorflows_update(start: float | None, fused: bool) -> None:
     """TF's ApplyRMSProp: ms = rho ms + (1 - rho) g^2; mom = momentum mom + lr g / sqrt(ms + eps); w -= mom.
-    With TF2's eps 1e-3 inside the root this differs from torch's RMSprop (eps outside) by a factor of ~30 here."""
+    ms starts where recipe.rmsprop_initial_square_avg says: the TF2 recipe's 0 (Keras' slot), or with null
+    timm's 1 (TF1's slot); fused=False is timm's own RMSpropTF (the optimizer when gradients are clipped)."""
     recipe = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp"]).recipe
+    assert recipe.rmsprop_initial_square_avg == 0.0
+    recipe.rmsprop_initial_square_avg = start
     lr, rho, momentum, eps = 0.1, recipe.rmsprop_alpha, recipe.momentum, recipe.rmsprop_eps
     grads = [torch.tensor([1e-3, -2e-2]), torch.tensor([5e-3, 4e-2])]
     weight = nn.Parameter(torch.tensor([0.5, -0.5]))
-    optimizer = build_optimizer([{"params": [weight], "weight_decay": 0.0}], recipe, lr)
-    ms, mom, expected = torch.ones(2), torch.zeros(2), weight.detach().clone()  # TF1-style slot init at 1 (timm)
+    optimizer = build_optimizer([{"params": [weight], "weight_decay": 0.0}], recipe, lr, fused=fused)
+    ms = torch.ones(2) if start is None else torch.full((2,), start)
+    mom, expected = torch.zeros(2), weight.detach().clone()
     for grad in grads:
         weight.grad = grad.clone()
         optimizer.step()
@@ -41,7 +47,15 @@ def test_rmsprop_tf_is_tensorflows_update() -> None:
         mom = momentum * mom + lr * grad / torch.sqrt(ms + eps)
         expected -= mom
     assert torch.allclose(weight.detach(), expected, rtol=1e-6, atol=1e-9)
-    torch_style = OmegaConf.merge(recipe, {"optimizer": "rmsprop"})
+
+
+def test_torchs_rmsprop_adds_eps_outside_the_root() -> None:
+    """With TF2's eps 1e-3 torch's RMSprop (eps outside the root, its square average from 0) takes a first step
+    ~30 times TF's from timm's start at 1."""
+    recipe = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp"]).recipe
+    lr, rho, eps = 0.1, recipe.rmsprop_alpha, recipe.rmsprop_eps
+    grads = [torch.tensor([1e-3, -2e-2])]
+    torch_style = OmegaConf.merge(recipe, {"optimizer": "rmsprop", "rmsprop_initial_square_avg": None})
     other = nn.Parameter(torch.tensor([0.5, -0.5]))
     torch_rmsprop = build_optimizer([{"params": [other], "weight_decay": 0.0}], torch_style, lr)
     other.grad = grads[0].clone()
@@ -127,14 +141,11 @@ def _tf2_net_and_steps() -> tuple[nn.Sequential, list[list[torch.Tensor]]]:
 
 
 def _tf2_recipe_steps(net: nn.Module, steps: list[list[torch.Tensor]], lr: float) -> DictConfig:
-    """The TF2 experiment's optimizer on its parameter groups, stepped through `steps`, its slots started at
-    Keras' zeros (timm's RMSpropTF starts the square average at 1) to compare the update itself."""
+    """The TF2 experiment's optimizer on its parameter groups, as the recipe builds it (its square average started
+    at Keras' zeros), stepped through `steps`."""
     cfg = compose_config(["experiment=tf2_efficientnet_b0_8xa100_amp"])
     recipe, plan = cfg.recipe, resolve_plan(cfg, check_devices=False)
     optimizer = build_optimizer(parameter_groups(net, plan.weight_decay, recipe.weight_decay_on), recipe, lr)
-    for p in net.parameters():
-        zeros = torch.zeros_like(p)
-        optimizer.state[p].update(step=torch.tensor(0.0), square_avg=zeros.clone(), momentum_buffer=zeros.clone())
     for grads in steps:
         for p, grad in zip(net.parameters(), grads):
             p.grad = grad.clone()

@@ -442,6 +442,14 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
             )
     if warn and (line := _workers_line(cfg.get("hardware"), data)) is not None:
         log.warning("%s", line)
+    if warn and data is not None and data.get("train_crop") == "tf" and data.get("train_crop_object_boxes"):
+        if data.get("format") != "tfrecord":  # TF1's crop (data/tf_crop.py uses_object_boxes) without boxes
+            log.warning(
+                "data.train_crop_object_boxes=true (TF1's crop covers ImageNet's object boxes) with data.format=%s, "
+                "which carries no boxes: the crop samples against the whole image, as TF2's; NVIDIA's TF1 runs read "
+                "the boxes from TFRecords (data.format=tfrecord)",
+                data.get("format"),
+            )
     if warn and recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
         warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
         if warmup >= epochs:

@@ -389,6 +389,15 @@ class RecipeSchema:
         ),
     )
     rmsprop_eps: float | None = field(default=None, metadata=_about("", allowed=number(0, open_low=True, null=True)))
+    rmsprop_initial_square_avg: float | None = field(
+        default=None,
+        metadata=_about(
+            "where the RMSprop square average starts; null: the optimizer's own (rmsprop: torch's 0; rmsprop_tf: "
+            "timm's 1, TF1's slot). tf2_efficientnet: 0, Keras' slot",
+            source="TF2/utils/optimizer_factory.py:264-271 (tf.keras.optimizers.RMSprop)",
+            allowed=number(0, null=True),
+        ),
+    )
     lr_per_256: float = field(
         default=MISSING,
         metadata=_about(

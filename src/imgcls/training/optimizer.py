@@ -11,7 +11,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from imgcls.config.choices import OPTIMIZERS
-from imgcls.training.rmsprop import RMSprop, RMSpropTF
+from imgcls.training.rmsprop import RMSprop, RMSpropTF, initial_state
 
 
 def parameter_groups(net: nn.Module, weight_decay: float, decayed: str = "conv_and_linear_weights") -> list[dict]:
@@ -84,7 +84,7 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
         # 1e-3) runs TF's RMSProp kernel: epsilon inside the square root and the LR inside the momentum buffer.
         # torch's RMSprop adds eps outside the root, so with eps=1e-3 the two differ by orders of magnitude on small
         # gradients. timm's RMSpropTF is TF's update; it starts the square average at 1 (TF1's slot init; Keras'
-        # RMSprop slot starts at 0, a difference that only matters in the first, warmup, steps).
+        # RMSprop slot starts at 0: recipe.rmsprop_initial_square_avg, 0 in tf2_efficientnet).
         # fused: skips an overflowed fp16 step on the device, gating its own update by GradScaler's flag
         # (rmsprop.py), where torch's and timm's step would have GradScaler read the flag on the host every step.
         kind: type[torch.optim.RMSprop | TimmRMSpropTF]
@@ -92,11 +92,18 @@ def build_optimizer(groups: list[dict], recipe: Any, lr: float, fused: bool = Tr
             kind = RMSprop if fused else torch.optim.RMSprop
         else:
             kind = RMSpropTF if fused else TimmRMSpropTF
-        return kind(
+        rmsprop = kind(
             groups,
             lr=lr,
             alpha=float(recipe.rmsprop_alpha),
             eps=float(recipe.rmsprop_eps),
             momentum=float(recipe.momentum),
         )
+        start = getattr(recipe, "rmsprop_initial_square_avg", None)
+        if start is not None:  # the state the first step would make, but for where the square average starts
+            for group in rmsprop.param_groups:
+                for param in group["params"]:
+                    if param.requires_grad:
+                        rmsprop.state[param].update(initial_state(param, group, float(start)))
+        return rmsprop
     raise ValueError(f"optimizer {name!r} is none of {OPTIMIZERS}")  # config.checks admits these only

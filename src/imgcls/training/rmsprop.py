@@ -225,6 +225,17 @@ class _Gate:
         return torch.where(self.found, 1.0, value).to(self.dtype)
 
 
+def initial_state(param: torch.Tensor, group: dict[str, Any], square_avg: float) -> dict[str, torch.Tensor]:
+    """A parameter's RMSprop state before its first step, as torch's and timm's steps make it, the square average
+    started at `square_avg` (torch: 0, timm's RMSpropTF: 1)."""
+    state = {"step": torch.tensor(0.0, dtype=_scalar_dtype()), "square_avg": torch.full_like(param, square_avg)}
+    if group["momentum"] > 0:
+        state["momentum_buffer"] = torch.zeros_like(param)
+    if group["centered"]:
+        state["grad_avg"] = torch.zeros_like(param)
+    return state
+
+
 class _Plan:
     """The optimizer's chunks (the parameters that have gradients, by group, device and dtype), the parameters that
     have none (torch's and timm's steps skip them: no update, no state), and the step counters' flat tensor. Made
@@ -245,13 +256,8 @@ class _Plan:
                 if p.grad.is_sparse:
                     raise RuntimeError("RMSprop does not support sparse gradients")
                 state = optimizer.state[p]
-                if len(state) == 0:  # torch's and timm's initial state
-                    state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
-                    state["square_avg"] = torch.full_like(p, initial_square_avg)
-                    if group["momentum"] > 0:
-                        state["momentum_buffer"] = torch.zeros_like(p)
-                    if group["centered"]:
-                        state["grad_avg"] = torch.zeros_like(p)
+                if len(state) == 0:
+                    state.update(initial_state(p, group, initial_square_avg))
                 kinds[(p.device, p.dtype)].append(p)
                 with_grads.append(p)
             for kind, params in kinds.items():
