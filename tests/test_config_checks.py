@@ -39,6 +39,22 @@ BAD = [
     ("compile=yes", "compile=yes must be true or false"),
     # Every batch would lose a sample to even it for timm's Mixup (module._mix): refused instead.
     ("recipe=250e data.batch_size=7", "data.batch_size=7 must be even with recipe.mixup=0.2"),
+    # Lightning's own arguments, refused before anything is built instead of in Lightning's traceback
+    ("trainer.devices=abc", "trainer.devices=abc must be a positive number of devices, -1 or auto (every GPU)"),
+    ("trainer.devices=0", "trainer.devices=0 must be a positive number of devices"),
+    ("trainer.devices=1.5", "trainer.devices=1.5 must be a positive number of devices"),
+    ("trainer.devices=null", "trainer.devices=null must be a positive number of devices"),
+    ("trainer.devices=-1", "trainer.devices=-1 names GPUs, but trainer.accelerator=cpu runs processes"),
+    ("trainer.accelerator=tpu", "trainer.accelerator=tpu must be one of gpu, cuda, cpu, auto"),
+    ("trainer.strategy=foo", "trainer.strategy=foo must be one of auto, ddp, ddp_spawn"),
+    ("data.backend=dali", "data.backend=dali must be one of torchvision, synthetic, dali_cpu, dali_gpu"),
+    # best.ckpt's metric: the ones validation logs, checked before the first epoch rather than after it
+    ("callbacks.checkpoint.monitor=val.top2", "callbacks.checkpoint.monitor=val.top2 must be one of val.top1, "),
+    ("callbacks.checkpoint.monitor=val_ema.top1", "callbacks.checkpoint.monitor=val_ema.top1 needs the EMA copy"),
+    (
+        "recipe.label_smoothing=0 callbacks.checkpoint.monitor=val.loss_smoothed",
+        "callbacks.checkpoint.monitor=val.loss_smoothed is logged only with label smoothing",
+    ),
 ]
 
 
@@ -47,7 +63,7 @@ BAD = [
 # Hydra's merge would fail with a traceback); the others go through the same path in process (imgcls.cli.guarded
 # around run_train on the config train.py composes), which saves ~0.5 s of CPU each.
 IN_A_PROCESS = ("data.batch_size=abc", "trainer.max_epochs=-3", "data.train_crop_scale=[0.9,0.1]",
-                "recipe=250e data.batch_size=7", "data.shard_cache=null")  # fmt: skip
+                "recipe=250e data.batch_size=7", "data.shard_cache=null", "trainer.devices=abc")  # fmt: skip
 
 
 def cli(override: str, workdir: Path) -> subprocess.CompletedProcess:
@@ -103,6 +119,30 @@ def test_warmup_longer_than_the_run_warns(caplog: pytest.LogCaptureFixture) -> N
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
         check_config(compose_config(["experiment=demo"]))  # 1 warmup epoch of 5
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize(("monitor", "mode"), [("val.top1", "max"), ("val_ema.top5", "max"), ("val.loss", "min"),
+                                                ("val_ema.loss_smoothed", "min")])  # fmt: skip
+def test_best_checkpoint_keeps_the_lowest_loss_or_highest_accuracy(monitor: str, mode: str, tmp_path: Path) -> None:
+    from imgcls.callbacks.checkpoint import checkpoint_callbacks
+
+    cfg = compose_config(["experiment=demo", f"callbacks.checkpoint.monitor={monitor}"]).callbacks.checkpoint
+    (best,) = [c for c in checkpoint_callbacks(cfg, tmp_path) if c.monitor == monitor]
+    assert best.mode == mode
+
+
+def test_training_past_the_schedule_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """Epochs past recipe.epochs train at the LR the schedule ended with (0 for cosine): one line says so."""
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
+        check_config(compose_config(["experiment=demo", "trainer.max_epochs=8"]))  # the demo's recipe: 5 epochs
+    assert [r.getMessage() for r in caplog.records] == [
+        "trainer.max_epochs=8 is longer than the schedule (recipe.epochs=5): the epochs after it train at the "
+        "learning rate the schedule ends with; recipe.epochs=8 stretches the schedule instead"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):
+        check_config(compose_config(["experiment=demo", "trainer.max_epochs=3"]))  # --run-epochs: a part of it
     assert caplog.records == []
 
 

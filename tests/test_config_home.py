@@ -91,6 +91,7 @@ ALLOWED: dict[str, str] = {
     "run/plan.py::accumulation_steps": "machine: the batches over the resolved world size (trainer.devices=auto)",
     "run/plan.py::lookup_batch": "machine: hardware=auto becomes the machine's profile after the checks run",
     "run/plan.py::world_size_of": "machine: the devices this machine has",
+    "run/evaluate.py::run": "machine: the devices this machine has (plan.machine_refusal), as training's",
     "config/published.py::run_of": "data: published_runs.csv has the experiment's row",
     "config/published.py::resolve": "command: the resolver's field argument in a config file",
     "quantization/calibration.py::calibration_dataset": "data: calibration reads a folder dataset",

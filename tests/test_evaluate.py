@@ -112,6 +112,8 @@ def test_no_ckpt_or_not_a_checkpoint_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="notes.ckpt is a text file, not a checkpoint"):
         _evaluate(tmp_path, f"ckpt={tmp_path / 'notes.ckpt'}")
+    with pytest.raises(ConfigError, match=r"^trainer.devices=64 .*but this machine has \d+ (cores|GPU)"):
+        _evaluate(tmp_path, f"ckpt={tmp_path / 'notes.ckpt'}", "trainer.devices=64")  # refused before it is read
     torch.save({"lr": 0.1}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="other.pt holds no state_dict"):
         _evaluate(tmp_path, f"ckpt={tmp_path / 'other.pt'}", "data.root=/nonexistent")

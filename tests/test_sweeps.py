@@ -116,6 +116,12 @@ def test_multirun_with_in_process_ddp_is_refused(image_folder: Path, tmp_path: P
         "hydra/launcher=slurm, or launch each job as its own torchrun/srun run (docs/distributed.md)"
     )
     assert not list(sweep.rglob("report.json"))
+    # A sweep of plans starts no process: 8-GPU experiments plan side by side
+    plans = train(tmp_path, "-m", "mode=plan", "experiment=resnet50_dgxa100_amp_90e,tf2_efficientnet_b4_64xa100_amp",
+                  f"hydra.sweep.dir={tmp_path / 'plans'}")  # fmt: skip
+    assert plans.returncode == 0, plans.stderr[-3000:]
+    world_sizes = [line.split()[1] for line in plans.stdout.splitlines() if line.startswith("world_size ")]
+    assert world_sizes == ["8", "64"]
 
 
 def test_slurm_launcher_runs_one_task_per_gpu() -> None:

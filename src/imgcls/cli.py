@@ -27,6 +27,7 @@ from imgcls.config import overrides
 from imgcls.config.checks import CLASSIFY, EVALUATE, EXPORT, TRAIN, Check, check_config
 from imgcls.config.compose import compose_config, options
 from imgcls.config.hardware import resolve_auto_hardware
+from imgcls.config.nvidia_flags import nvidia_override
 from imgcls.distributed import is_rank_zero
 from imgcls.errors import ConfigError, UserError
 from imgcls.redaction import redact_overrides, secrets_to_environment
@@ -69,6 +70,8 @@ def refuse_flags(config_name: str, argv: list[str], table: dict[str, Check] | No
         elif index + 1 < len(argv) and not argv[index + 1].startswith("-") and "=" not in argv[index + 1]:
             value = argv[index + 1]
             given = f"{arg} {value}"
+        if config_name == "train" and (nvidia := nvidia_override(name, value)) is not None:
+            raise ConfigError(f"{given}: options are KEY=VALUE overrides, not --flags; use {nvidia}")
         keys = _keys(compose_config(config_name, []))
         named = [k for k in (name, name.replace("_", ".", 1)) if k in keys or k in COMMAND_GROUPS[config_name]]
         named += [g for g in COMMAND_GROUPS[config_name] if value in options(g)]  # --arch resnet50: model=resnet50
@@ -244,8 +247,11 @@ def _in_multirun() -> bool:
 def refuse_in_process_ddp_sweep(cfg: DictConfig) -> None:
     """Hydra multirun x DDP spawned by Lightning inside the sweep process is not supported (Lightning
     removed it in 1.8 because processes hung; its children would re-run the whole sweep). A launcher that
-    starts each job as its own cluster job (submitit) is fine."""
+    starts each job as its own cluster job (submitit) is fine, and so is a sweep of plans (mode=plan starts no
+    process)."""
     if not _in_multirun() or "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
+        return
+    if cfg.get("mode") == "plan":
         return
     from imgcls.run.plan import world_size_of  # torch: only for a multirun
 

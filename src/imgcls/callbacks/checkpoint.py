@@ -78,7 +78,8 @@ def checkpoint_callbacks(
     # every_n_epochs null: Lightning's own trigger, every epoch.
     callbacks = [_checkpoint(last.parent, last.stem, LastCheckpoint, every_n_epochs=cfg.every_n_epochs)]
     if has_val and cfg.monitor:
-        callbacks.append(_checkpoint(best.parent, best.stem, monitor=cfg.monitor, mode="max"))
+        mode = "min" if "loss" in cfg.monitor else "max"  # config.choices VALIDATION_METRICS: accuracies, losses
+        callbacks.append(_checkpoint(best.parent, best.stem, monitor=cfg.monitor, mode=mode))
     if cfg.every_n_train_steps:
         steps = cfg.every_n_train_steps
         callbacks.append(_checkpoint(last.parent, last.stem, StepCheckpoint, every_n_train_steps=steps))

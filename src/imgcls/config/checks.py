@@ -425,6 +425,26 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
         raise ConfigError(
             f"callbacks.early_stopping_patience={patience} needs validation (trainer.limit_val_batches=0 skips it)"
         )
+    checkpoint = callbacks.get("checkpoint") if callbacks is not None else None
+    monitor = checkpoint.get("monitor") if checkpoint is not None else None
+    if monitor and recipe is not None:
+        if str(monitor).startswith("val_ema.") and not recipe.get("ema_decay"):
+            raise ConfigError(
+                f"callbacks.checkpoint.monitor={monitor} needs the EMA copy that validation reports it for: set "
+                "recipe.ema_decay (e.g. 0.9999), or monitor val.top1"
+            )
+        if str(monitor).endswith(".loss_smoothed") and not recipe.get("label_smoothing"):
+            raise ConfigError(
+                f"callbacks.checkpoint.monitor={monitor} is logged only with label smoothing "
+                f"(recipe.label_smoothing={recipe.get('label_smoothing')}); monitor val.loss or val.top1"
+            )
+    if trainer is not None and trainer.get("accelerator") == "cpu":
+        devices = trainer.get("devices")
+        if devices == -1 or devices == "-1" or isinstance(devices, ListConfig) or "," in str(devices):
+            raise ConfigError(
+                f"trainer.devices={devices} names GPUs, but trainer.accelerator=cpu runs processes: give their "
+                "number (e.g. trainer.devices=2)"
+            )
     if table is TRAIN and data is not None and data.get("backend") == "synthetic" and not data.get("num_classes"):
         # No folder to count classes in (evaluate's null is the checkpoint's count).
         raise ConfigError("data.num_classes must be set for the synthetic backend (e.g. 1000)")
@@ -450,6 +470,14 @@ def check_config(cfg: DictConfig, table: dict[str, Check] | None = None, warn: b
                 "the boxes from TFRecords (data.format=tfrecord)",
                 data.get("format"),
             )
+    if warn and recipe is not None and trainer is not None and recipe.get("epochs") is not None:
+        max_epochs = trainer.get("max_epochs")
+        if isinstance(max_epochs, int) and max_epochs > int(recipe.epochs):
+            log.warning(
+                "trainer.max_epochs=%d is longer than the schedule (recipe.epochs=%d): the epochs after it train at "
+                "the learning rate the schedule ends with; recipe.epochs=%d stretches the schedule instead",
+                max_epochs, int(recipe.epochs), max_epochs,
+            )  # fmt: skip
     if warn and recipe is not None and recipe.get("warmup_epochs") is not None and recipe.get("epochs") is not None:
         warmup, epochs = float(recipe.warmup_epochs), int(recipe.epochs)
         if warmup >= epochs:

@@ -39,6 +39,17 @@ BAD_IMAGE_POLICIES = ("skip", "error")  # data.on_bad_image: data/bad_images.py
 PROGRESS_BARS = ("rich", "tqdm", "none")  # callbacks.progress_bar (null: none): callbacks/console.py
 # timm Mixup modes (recipe.mixup_mode): one lambda per batch, per pair of samples, or per sample.
 MIXUP_MODES = ("batch", "pair", "elem")
+DATA_BACKENDS = ("torchvision", "synthetic", "dali_cpu", "dali_gpu")  # data.backend: data/backends.py BACKENDS
+# trainer.accelerator: the devices imgcls trains and evaluates on (auto: Lightning picks, evaluate's default).
+ACCELERATORS = ("gpu", "cuda", "cpu", "auto")
+# trainer.strategy: DDP as Lightning runs it (auto: ddp for more than one process, run/trainer.py); imgcls's
+# checkpoints, EMA, samplers and loss scaling are built and tested for these.
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
+# What validation logs (training/module.py validation_step, on_validation_epoch_end): callbacks.checkpoint.monitor.
+# val_ema.* with recipe.ema_decay, *.loss_smoothed with label smoothing; a loss is kept at its minimum.
+VALIDATION_METRICS = tuple(
+    f"{prefix}.{name}" for prefix in ("val", "val_ema") for name in ("top1", "top5", "loss", "loss_smoothed")
+)
 # lightning.Trainer arguments that imgcls derives from other keys (conf/trainer/default.yaml lists the rest): what
 # to set instead. run/trainer.py refuses them in the config; config/overrides.py on the command line, before torch
 # loads.

@@ -74,6 +74,29 @@ def choice(*allowed: str) -> Check:
     return check
 
 
+def lightning_devices(v: Any) -> str | None:
+    """trainer.devices / hardware.devices as Lightning takes them: a number of processes, -1 or auto (every GPU),
+    or which GPUs (a list of indices, or "0,1")."""
+    what = "a positive number of devices, -1 or auto (every GPU), or a list of GPU indices ([0,1] or '0,1')"
+    if isinstance(v, bool):
+        return what
+    if isinstance(v, int):
+        return None if v >= 1 or v == -1 else what
+    if isinstance(v, str):
+        text = v.strip()
+        if text in ("auto", "-1"):
+            return None
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts or not all(part.isdigit() for part in parts):
+            return what
+        return None if "," in text or int(parts[0]) >= 1 else what
+    if isinstance(v, (list, tuple)) or (hasattr(v, "__len__") and hasattr(v, "__iter__")):
+        items = list(v)
+        ok = items and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items)
+        return None if ok and len(set(items)) == len(items) else what
+    return what
+
+
 def or_null(check: Check) -> Check:
     """check, or null (evaluate's keys: null = the checkpoint's value)."""
     what = f"{check(object())} or null"  # a check names what it allows for any value it refuses

@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from imgcls.config.choices import (
+    ACCELERATORS,
     AUGMENTS,
     AUTOAUGMENT_OPS,
     AUTOAUGMENT_POLICIES,
@@ -31,6 +32,7 @@ from imgcls.config.choices import (
     CALIBRATORS,
     CONV_INITS,
     DALI_TRAIN_RESIZES,
+    DATA_BACKENDS,
     DROP_PATH_MASKS,
     LR_INTERVALS,
     MIXUP_MODES,
@@ -38,6 +40,8 @@ from imgcls.config.choices import (
     PROGRESS_BARS,
     QUANTIZER_SETS,
     SCHEDULES,
+    STRATEGIES,
+    VALIDATION_METRICS,
     WEIGHT_DECAY_SETS,
 )
 from imgcls.config.ranges import (
@@ -55,6 +59,7 @@ from imgcls.config.ranges import (
     choice,
     folder,
     integer,
+    lightning_devices,
     limit_batches,
     not_barebones,
     number,
@@ -298,12 +303,15 @@ class HardwareSchema:
             "replaced by the chosen profile's name at start (imgcls.config.hardware.resolve_auto_hardware)"
         ),
     )
-    accelerator: str = field(default=MISSING, metadata=_about(""))
-    devices: Any = field(default=MISSING, metadata=_about("one process; trainer.devices=2 for 2-process DDP (gloo)"))
+    accelerator: str = field(default=MISSING, metadata=_about("", allowed=choice(*ACCELERATORS)))
+    devices: Any = field(
+        default=MISSING,
+        metadata=_about("one process; trainer.devices=2 for 2-process DDP (gloo)", allowed=lightning_devices),
+    )
     num_workers: int = field(default=MISSING, metadata=_about("one loader worker per core", allowed=COUNT))
     prefetch_factor: int | None = field(default=MISSING, metadata=_about("PyTorch default", allowed=POSITIVE_OR_NULL))
     pin_memory: bool = field(default=MISSING, metadata=_about("", allowed=boolean))
-    data_backend: str = field(default=MISSING, metadata=_about(""))
+    data_backend: str = field(default=MISSING, metadata=_about("", allowed=choice(*DATA_BACKENDS)))
     auto: str | None = field(
         default=None,
         metadata=_about("why hardware=auto chose this profile (config/hardware.py), kept in the run's config.yaml"),
@@ -703,6 +711,7 @@ class DataSchema:
         metadata=_about(
             "torchvision | dali_cpu | dali_gpu | synthetic (NVIDIA --data-backend)",
             source="PYT/main.py --data-backend",
+            allowed=choice(*DATA_BACKENDS),
         ),
     )
     format: str = field(
@@ -975,7 +984,13 @@ class LoggerSchema:
 class CallbacksCheckpointSchema:
     """callbacks.checkpoint."""
 
-    monitor: str | None = field(default=None, metadata=_about(""))
+    monitor: str | None = field(
+        default=None,
+        metadata=_about(
+            "best.ckpt keeps the best value of this validation metric (a loss: its minimum); null: no best.ckpt",
+            allowed=or_null(choice(*VALIDATION_METRICS)),
+        ),
+    )
     every_n_train_steps: int | None = field(
         default=None,
         metadata=_about("also save last.ckpt every K optimizer steps (mid-epoch resume)", allowed=POSITIVE_OR_NULL),
@@ -1046,8 +1061,10 @@ class CallbacksSchema:
 class TrainerSchema:
     """trainer."""
 
-    accelerator: Any = field(default=_ref("${hardware.accelerator}"), metadata=_about(""))
-    devices: Any = field(default=_ref("${hardware.devices}"), metadata=_about(""))
+    accelerator: Any = field(
+        default=_ref("${hardware.accelerator}"), metadata=_about("", allowed=choice(*ACCELERATORS))
+    )
+    devices: Any = field(default=_ref("${hardware.devices}"), metadata=_about("", allowed=lightning_devices))
     num_nodes: int = field(default=1, metadata=_about("", allowed=POSITIVE))
     max_epochs: int = field(default=_ref("${recipe.epochs}"), metadata=_about("", allowed=STEPS_LIMIT))
     max_steps: int = field(
@@ -1073,7 +1090,7 @@ class TrainerSchema:
     enable_model_summary: bool = field(default=True, metadata=_about("", allowed=boolean))
     strategy: str = field(
         default="auto",
-        metadata=_about("auto: ddp when devices x nodes > 1 (find_unused_parameters off); or any Lightning strategy"),
+        metadata=_about("auto: ddp when devices x nodes > 1 (find_unused_parameters off)", allowed=choice(*STRATEGIES)),
     )
     min_epochs: int | None = field(default=None, metadata=_about("", allowed=integer(0, null=True)))
     min_steps: int | None = field(default=None, metadata=_about("", allowed=integer(0, null=True)))

@@ -34,6 +34,7 @@ from imgcls.inference.trained import PREPROCESSING_KEYS, TrainedModel, load_trai
 from imgcls.models.weights import is_training_checkpoint, is_weights_export, read_torch_file, state_dict_of
 from imgcls.redaction import redact_url
 from imgcls.run.hook_dispatch import dispatch_cheaply
+from imgcls.run.plan import machine_refusal
 from imgcls.storage import write_json_atomic
 from imgcls.training.module import ClassificationModule
 from imgcls.training.precision import resolve_precision
@@ -80,6 +81,8 @@ def user_data(cfg: DictConfig, ckpt: str) -> tuple[DictConfig, dict[str, Any]]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg, EVALUATE)  # every value, once, before a checkpoint is read
+    if (refusal := machine_refusal(cfg.trainer)) is not None:
+        raise ConfigError(refusal)
     ckpt = required_ckpt(cfg)
     if is_onnx_path(ckpt):
         return evaluate_onnx(cfg, ckpt)

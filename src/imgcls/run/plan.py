@@ -115,7 +115,10 @@ def _requested(trainer_cfg: TrainerSchema) -> tuple[Any, str, int]:
     devices = trainer_cfg.devices
     if isinstance(devices, str) and devices not in ("auto", "-1"):
         devices = int(devices) if devices.isdigit() else devices
-    return devices, str(trainer_cfg.accelerator), trainer_cfg.num_nodes
+    accelerator = str(trainer_cfg.accelerator)
+    if accelerator == "auto":  # evaluate's default: Lightning takes the GPUs where there are any
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    return devices, accelerator, int(getattr(trainer_cfg, "num_nodes", 1))  # evaluate's trainer: no nodes
 
 
 def _count(devices: Any) -> int:
