@@ -51,7 +51,6 @@ ALLOWED: dict[str, str] = {
     "config/compose.py::required_ckpt": "consumer: ckpt is `???` until a command needs it (config.checks.leaves)",
     "data/augment.py::parse_randaugment": "consumer: data.randaugment, timm's RandAugment string",
     "data/backends.py::_dali.build": "library: NVIDIA DALI does not import",
-    "data/backends.py::make_backend": "consumer: data.backend names a registered backend",
     "data/dali/backend.py::DaliBackend.__init__": "machine: dali_gpu without a CUDA GPU",
     "data/dali/pipelines.py::interp_type": "library: the interpolations DALI has",
     "data/shards/__main__.py::main": "command: python -m imgcls.data.shards's subcommand",

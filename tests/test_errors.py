@@ -86,6 +86,7 @@ def command_line_mistakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
             "model=[a": [str(ROOT / "evaluate.py"), "model=[a", run_dir],
             "data.rot": [str(ROOT / "evaluate.py"), "ckpt=x.ckpt", "data.rot=/data", run_dir],
             "classify precision": ["-m", "imgcls.classify", "x.ckpt", "a.jpg", "precision=amp"],
+            "--config-dir": [str(ROOT / "train.py"), "--config-dir", "/no/such/conf", "mode=plan", run_dir],
         }
     )
 
@@ -100,6 +101,7 @@ def command_line_mistakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         ("model=[a", "cannot parse the override model=[a (no viable alternative at input '[a')"),
         ("data.rot", "data.rot=/data: data.rot is not a key of data; did you mean data.root=/data?"),
         ("classify precision", "precision=amp: classify has no config group precision (its groups: model)"),
+        ("--config-dir", "--config-dir /no/such/conf is not a folder; it names a folder of config groups"),
     ],
 )
 def test_a_command_line_mistake_is_one_line(command_line_mistakes: dict, case: str, line: str) -> None:
@@ -126,6 +128,11 @@ def test_missing_data_root(capsys: pytest.CaptureFixture, tmp_path: Path) -> Non
 def test_data_root_that_does_not_exist(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     result = train_in_process(capsys, train_args(tmp_path / "nowhere", tmp_path), tmp_path)
     assert_one_line_error(result, f"data.root={tmp_path / 'nowhere'} does not exist")
+
+
+def test_a_url_as_an_image_folder_names_the_bucket_formats(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    result = train_in_process(capsys, ["debug=tiny", "data.root=s3://bucket/imagenet"], tmp_path)
+    assert_one_line_error(result, "data.root=s3://bucket/imagenet is a URL", "data.format=webdataset or tfrecord")
 
 
 def test_split_without_class_folders(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

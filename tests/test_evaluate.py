@@ -7,6 +7,7 @@ which the other test modules of this feature import (the run dir is cached on di
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def test_evaluate_equals_the_validation_training_logged(trained: Path, image_fol
     for name in ("val.top1", "val.top5", "val.loss", "val.total_ips", "val.compute_ips"):
         assert written[name] == pytest.approx(metrics[name])
     assert written["val.total_ips"] > 0 and written["weights"] == "raw" and written["model"] == "test_resnet"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torchvision", "dali_cpu"])
+def test_a_val_split_alone_evaluates(trained: Path, image_folder: Path, tmp_path: Path, backend: str) -> None:
+    """The checkpoint names the classes: a val/ folder alone is data enough (no train/ to count them from)."""
+    if backend == "dali_cpu":
+        pytest.importorskip("nvidia.dali")
+    only_val = tmp_path / "val-only"
+    shutil.copytree(image_folder / "val", only_val / "val")
+    ckpt = f"ckpt={trained / 'checkpoints' / 'last.ckpt'}"
+    metrics = _evaluate(tmp_path / "a", ckpt, f"data.root={only_val}", f"data.backend={backend}")
+    assert metrics["val.top1"] == read_report(trained)["epochs"][-1]["val.top1"]
 
 
 @pytest.mark.slow

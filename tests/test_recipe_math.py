@@ -39,6 +39,13 @@ def test_accumulation_that_does_not_divide_is_an_error(global_batch: int, per_de
         accumulation_steps(global_batch, per_device, world)
 
 
+def test_accumulation_advice_is_one_that_can_be_followed() -> None:
+    with pytest.raises(ConfigError, match="choose a per-device batch that divides 256$"):
+        accumulation_steps(2048, 96, 8)  # 2048 / 8 = 256 a device: 128, 64, ... divide it
+    with pytest.raises(ConfigError, match="no per-device batch divides it over 3 devices: use a number of devices"):
+        accumulation_steps(2048, 256, 3)  # 2048 / 3 is no whole number: no batch size can help
+
+
 def test_fit_per_device_keeps_the_global_batch() -> None:
     assert fit_per_device(112, 4096, 8) == 64  # RN50 FP32 DGX-1 row under the 4096 EfficientNet batch
     assert fit_per_device(256, 2048, 8) == 256

@@ -219,6 +219,9 @@ def _check_yaml_values_of_own_dirs(config_name: str, argv: list[str], table: dic
     primary = Path(args.config_path) if args.config_path else CONF_DIR
     if not primary.is_absolute():  # hydra.main's config_path is relative to the file declaring it (imgcls/cli.py)
         primary = CONF_DIR.parent / primary
+    for flag, folder in (("--config-dir", args.config_dir), ("--config-path", args.config_path and primary)):
+        if folder and not Path(folder).expanduser().is_dir():  # Hydra: a warning, then 4 lines and exit 1
+            raise ConfigError(f"{flag} {folder} is not a folder; it names a folder of config groups (conf/'s layout)")
     extra = [f"hydra.searchpath=[file://{Path(args.config_dir).resolve()}]"] if args.config_dir else []
     jobs = [a for a in args.overrides if "," not in a.split("=", 1)[-1]]  # one job of a sweep is enough here
     try:

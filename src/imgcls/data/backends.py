@@ -42,7 +42,4 @@ BACKENDS: dict[str, Callable[[DataSchema], Any]] = {
 
 
 def make_backend(cfg: DataSchema) -> DataBackend:
-    name = cfg.backend
-    if name not in BACKENDS:
-        raise ConfigError(f"data.backend={name} is not a known backend; allowed: {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[name](cfg)
+    return BACKENDS[cfg.backend](cfg)  # one of config.choices DATA_BACKENDS (config/checks.py)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
@@ -12,6 +13,11 @@ from imgcls.errors import DataError
 def split_dir(root: str | Path | None, split: str) -> Path:
     if root is None or str(root) in ("", "???"):
         raise DataError("data.root is not set; pass data.root=/path/to/dataset (with train/ and val/ inside)")
+    if "://" in str(root):  # Path() would fold s3://bucket into s3:/bucket
+        raise DataError(
+            f"data.root={root} is a URL, and an image folder (data.format=folder) is a local path; shards in a "
+            "bucket are data.format=webdataset or tfrecord (docs/shards.md)"
+        )
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data.root={root} does not exist or is not a directory")
@@ -31,6 +37,16 @@ def classes_of(root: str | Path | None, split: str) -> list[str]:
     has_images = any(f.suffix.lower() in IMG_EXTENSIONS for c in classes for f in (path / c).iterdir() if f.is_file())
     if not has_images:
         raise DataError(f"{path} has class folders but no images ({', '.join(IMG_EXTENSIONS)})")
+    return classes
+
+
+def folder_classes(root: str | Path | None, named: Sequence[str] | None = None) -> list[str]:
+    """An image folder's classes: train/'s, which val/ must repeat. Where the class names are given (evaluate: the
+    checkpoint's) a root with val/ alone is enough: its folders are compared with those names by the caller."""
+    if named and root is not None and not (Path(root).expanduser() / "train").is_dir():
+        return classes_of(root, "val")
+    classes = classes_of(root, "train")
+    check_same_classes(classes, classes_of(root, "val"), str(root))
     return classes
 
 

@@ -71,10 +71,16 @@ def accumulation_steps(global_batch: int, per_device_batch: int, world_size: int
         raise ConfigError(f"devices x nodes = {world_size} must be a positive integer")
     per_step = per_device_batch * world_size
     if global_batch % per_step:
+        if global_batch % world_size:  # no per-device batch can fix it
+            advice = (
+                f"no per-device batch divides it over {world_size} devices: use a number of devices x nodes that "
+                f"divides {global_batch}, or a recipe.global_batch_size that is a multiple of {world_size}"
+            )
+        else:
+            advice = f"choose a per-device batch that divides {global_batch // world_size}"
         raise ConfigError(
             f"recipe.global_batch_size={global_batch} is not a multiple of data.batch_size x devices x "
-            f"nodes = {per_device_batch} x {world_size} = {per_step}; choose a per-device batch that "
-            f"divides {global_batch // world_size if global_batch % world_size == 0 else global_batch}"
+            f"nodes = {per_device_batch} x {world_size} = {per_step}; {advice}"
         )
     return global_batch // per_step
 

@@ -54,7 +54,7 @@ from imgcls.data.dali.settings import DaliSettings, Delivery
 from imgcls.data.device_normalize import DeviceNormalize
 from imgcls.data.device_prefetch import copier_for
 from imgcls.data.file_list import FileList
-from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.folder import folder_classes, split_dir
 from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards.manifest import ShardSet, open_shard_set
 from imgcls.data.shards.remote import local_copies
@@ -87,8 +87,7 @@ class DaliBackend:
         self.format = str(cfg.format)
         if self.format == "folder":
             self.shards = None
-            self.classes = classes_of(cfg.root, "train")
-            check_same_classes(self.classes, classes_of(cfg.root, "val"), cfg.root)
+            self.classes = folder_classes(cfg.root, cfg.class_names)
         else:
             self.shards = open_shard_set(cfg)
             self.classes = list(self.shards.classes)

@@ -53,11 +53,10 @@ def folder_samples(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]
     """The classes and each split's (path, label) list, in ImageFolder's order (so its labels)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
-    from imgcls.data.folder import check_same_classes, classes_of, split_dir
+    from imgcls.data.folder import folder_classes, split_dir
 
     try:
-        classes = classes_of(src, "train")
-        check_same_classes(classes, classes_of(src, "val"), src)
+        classes = folder_classes(src)
     except DataError as exc:  # folder.py names data.root, the training key; here the folder is SRC
         raise DataError(str(exc).replace("data.root=", "SRC=")) from None
     index = {c: i for i, c in enumerate(classes)}

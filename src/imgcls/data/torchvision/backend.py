@@ -16,7 +16,7 @@ from imgcls.data.bad_images import BadImageLog, collate_dropping_bad
 from imgcls.data.device_normalize import DeviceNormalize
 from imgcls.data.device_prefetch import copier_for
 from imgcls.data.file_list import FileList
-from imgcls.data.folder import check_same_classes, classes_of, split_dir
+from imgcls.data.folder import folder_classes, split_dir
 from imgcls.data.images import CheckedImageFolder
 from imgcls.data.protocol import LoaderSpec
 from imgcls.data.shards.manifest import open_shard_set
@@ -46,9 +46,7 @@ class TorchvisionBackend:
         self.normalize = DeviceNormalize(cfg.mean, cfg.std, channels_last=cfg.channels_last)
 
     def _classes(self) -> list[str]:
-        classes = classes_of(self.cfg.root, "train")
-        check_same_classes(classes, classes_of(self.cfg.root, "val"), self.cfg.root)
-        return classes
+        return folder_classes(self.cfg.root, self.cfg.class_names)
 
     def _make_dataset(self, split: str, transform: Callable) -> Any:
         root = split_dir(self.cfg.root, split)
