@@ -132,6 +132,18 @@ def test_best_checkpoint_keeps_the_lowest_loss_or_highest_accuracy(monitor: str,
     assert best.mode == mode
 
 
+@pytest.mark.parametrize(
+    ("devices", "world_size"), [("'0,1'", 2), ("'3,'", 1), ("[0,2,5,7]", 4), ("4", 4), ("auto", 1)]
+)
+def test_every_devices_form_lightning_takes_plans(devices: str, world_size: int) -> None:
+    """What config.ranges.lightning_devices admits, the plan counts (a GPU list was int('0,1'): a traceback)."""
+    from imgcls.run.plan import resolve_plan
+
+    cfg = compose_config(["experiment=resnet50_dgxa100_amp_90e", f"trainer.devices={devices}"])
+    check_config(cfg)
+    assert resolve_plan(cfg, check_devices=False).world_size == world_size
+
+
 def test_training_past_the_schedule_warns(caplog: pytest.LogCaptureFixture) -> None:
     """Epochs past recipe.epochs train at the LR the schedule ended with (0 for cosine): one line says so."""
     with caplog.at_level(logging.WARNING, logger="imgcls.config.checks"):

@@ -133,6 +133,8 @@ def _count(devices: Any) -> int:
         return len(devices)
     if devices in ("auto", -1, "-1"):
         return 1
+    if isinstance(devices, str) and "," in devices:  # Lightning's GPU indices: "0,1", "0,"
+        return len([index for index in devices.split(",") if index.strip()])
     return int(devices)
 
 
