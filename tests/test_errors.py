@@ -196,7 +196,7 @@ def test_resume_from_a_checkpoint_of_another_architecture(
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     capsys.readouterr()  # the first run's output
     other = train_in_process(capsys, train_args(folder, tmp_path, "model=resnet34", f"ckpt_path={ckpt}"), tmp_path)
-    assert_one_line_error(other, "is for model test_resnet, not resnet34")
+    assert_one_line_error(other, "is for model test_resnet, not resnet34; resume it with model.arch=test_resnet")
     three = make_image_folder(tmp_path / "three", classes=3, train_per_class=4, val_per_class=2)
     classes = train_in_process(capsys, train_args(three, tmp_path, f"ckpt_path={ckpt}"), tmp_path)
     assert_one_line_error(classes, "trained on 2 classes", "model.weights=")

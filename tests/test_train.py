@@ -186,3 +186,21 @@ def test_ckpt_path_last_without_a_checkpoint_starts_fresh(tmp_path: Path) -> Non
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
     assert resolve_ckpt_path("last", tmp_path) == str(tmp_path / "checkpoints" / "last.ckpt")
     assert resolve_ckpt_path(None, tmp_path) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["recipe.epochs=3", "recipe.lr_per_256=0.5"])
+def test_a_resume_that_changes_the_lr_schedule_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, image_folder: Path, tmp_path: Path, change: str
+) -> None:
+    """Lightning restores the LR schedule with the checkpoint: resumed with recipe.epochs=3 after a 2-epoch
+    run, the third epoch trained at the finished cosine's LR 0, silently. Now one line, before any training."""
+    from imgcls.errors import CheckpointError
+    from tests.conftest import tiny_run
+
+    last = tiny_run(tmp_path_factory, image_folder) / "checkpoints" / "last.ckpt"
+    key = change.split("=")[0]
+    overrides = tiny_overrides(image_folder, "recipe.ema_decay=0.9", f"ckpt_path={last}", change)
+    with pytest.raises(CheckpointError, match=f"^{key}=.* but ckpt_path=.* trained with {key}="):
+        run(compose_config(overrides, run_dir=tmp_path / "resumed"))
+    assert not (tmp_path / "resumed" / "checkpoints" / "last.ckpt").exists()

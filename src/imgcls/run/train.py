@@ -100,7 +100,7 @@ def _train(cfg: DictConfig, started: _Started) -> dict[str, float]:
     # 4. Data.
     datamodule = ClassificationDataModule(cfg.data, batch_size=plan.per_device_batch, seed=int(cfg.seed))
     if ckpt_path is not None:
-        check_resumable(ckpt_path, str(cfg.model.arch), datamodule.classes)
+        check_resumable(ckpt_path, str(cfg.model.arch), datamodule.classes, to_dict(cfg.recipe, resolve=True))
 
     # 5. Model: identical initial weights on every rank (seeding.py).
     seed_for_init(int(cfg.seed))

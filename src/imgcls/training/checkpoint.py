@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,25 +129,44 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: str | Path, restarted_by: 
     return resume
 
 
-def check_resumable(ckpt_path: str, arch: str, classes: list[str]) -> None:
+# The recipe keys that shape the LR schedule. Lightning restores the schedule with the checkpoint (timm's
+# schedulers keep their length and base LRs in their state), so a resume that changes one of them would not change
+# the schedule: with more epochs the extra ones train at the schedule's final LR (0 for cosine).
+SCHEDULE_KEYS = ("epochs", "warmup_epochs", "schedule", "end_lr", "lr_interval", "lr_per_256", "lr")
+
+
+def check_resumable(ckpt_path: str, arch: str, classes: list[str], recipe: Mapping[str, Any] | None = None) -> None:
     """Refuse, in one line, a checkpoint of another architecture or class list before Lightning
-    fails deep inside load_state_dict."""
+    fails deep inside load_state_dict, and a recipe whose LR schedule differs from the one it restores."""
     path = Path(ckpt_path)
     if not path.is_file():
         raise CheckpointError(f"ckpt_path={ckpt_path} does not exist")
     try:  # mmap: only the small metadata is read, not the tensors; never code from the file (weights_only)
-        meta = safe_torch_load(path, mmap=True).get("imgcls")
+        blob = safe_torch_load(path, mmap=True)
+        meta = blob.get("imgcls")
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
         raise CheckpointError(f"ckpt_path={ckpt_path} is not a readable checkpoint ({why_unreadable(exc)})") from None
     if not meta:
         raise CheckpointError(f"ckpt_path={ckpt_path} is not an imgcls training checkpoint")
     if meta["arch"] != arch:
-        raise CheckpointError(f"ckpt_path={ckpt_path} is for model {meta['arch']}, not {arch}; pass model=... to match")
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} is for model {meta['arch']}, not {arch}; resume it with model.arch={meta['arch']} "
+            f"(as model=... or model.arch= set it for that run)"
+        )
     if list(meta["classes"]) != list(classes):
         raise CheckpointError(
             f"ckpt_path={ckpt_path} was trained on {len(meta['classes'])} classes that differ from data.root's "
             f"{len(classes)}; to fine-tune on new classes use model.weights={ckpt_path} instead"
         )
+    saved = (blob.get("hyper_parameters") or {}).get("recipe") or {}
+    for key in SCHEDULE_KEYS if recipe is not None else ():
+        if key in saved and key in recipe and saved[key] != recipe[key]:
+            raise CheckpointError(
+                f"recipe.{key}={recipe[key]} but ckpt_path={ckpt_path} trained with recipe.{key}={saved[key]}, and "
+                f"the LR schedule resumes as that run built it (epochs past its end train at its final LR): keep "
+                f"recipe.{key}={saved[key]} (trainer.max_epochs stops a run early), or train on from the weights "
+                f"in a new run dir (model.weights={ckpt_path})"
+            )
 
 
 def check_writable(run_dir: str | Path) -> None:
