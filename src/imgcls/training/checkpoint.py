@@ -158,8 +158,10 @@ def check_resumable(ckpt_path: str, arch: str, classes: list[str], recipe: Mappi
             f"ckpt_path={ckpt_path} was trained on {len(meta['classes'])} classes that differ from data.root's "
             f"{len(classes)}; to fine-tune on new classes use model.weights={ckpt_path} instead"
         )
+    if recipe is None:
+        return
     saved = (blob.get("hyper_parameters") or {}).get("recipe") or {}
-    for key in SCHEDULE_KEYS if recipe is not None else ():
+    for key in SCHEDULE_KEYS:
         if key in saved and key in recipe and saved[key] != recipe[key]:
             raise CheckpointError(
                 f"recipe.{key}={recipe[key]} but ckpt_path={ckpt_path} trained with recipe.{key}={saved[key]}, and "
